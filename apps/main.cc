@@ -1,0 +1,20 @@
+#include <cstdio>
+
+#include "apps/commands.h"
+#include "base/log.h"
+
+int main(int argc, char** argv) {
+  CLI::App app("moe-serve: serves DeepSeek-V3-architecture Mixture-of-Experts models", "moe-serve");
+  app.require_subcommand(1);
+  bool verbose = false;
+  app.add_flag("-v,--verbose", verbose, "debug logging on stderr");
+
+  const moe::CommandRunner generate = moe::AddGenerateCommand(app);
+  const moe::CommandRunner tokenize = moe::AddTokenizeCommand(app);
+  CLI11_PARSE(app, argc, argv);
+
+  moe::InitLogging(verbose);
+  if (app.got_subcommand("generate")) return generate();
+  if (app.got_subcommand("tokenize")) return tokenize();
+  return 1;
+}

@@ -1,0 +1,40 @@
+#include <iostream>
+#include <memory>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "apps/commands.h"
+#include "tokenizer/tokenizer.h"
+
+namespace moe {
+
+CommandRunner AddTokenizeCommand(CLI::App& app) {
+  struct Options {
+    std::string model, text;
+    bool json = false;
+  };
+  auto options = std::make_shared<Options>();
+  CLI::App* cmd = app.add_subcommand("tokenize", "print the token ids of a text (BOS added as the tokenizer says)");
+  cmd->add_option("--model", options->model, "checkpoint directory with tokenizer.json")->required();
+  cmd->add_option("--text", options->text, "text to encode")->required();
+  cmd->add_flag("--json", options->json, "print {\"ids\":[...]}");
+
+  return [options] {
+    auto tokenizer = Tokenizer::Load(options->model);
+    if (!tokenizer.ok()) {
+      std::cerr << "error: " << tokenizer.status().message() << "\n";
+      return 1;
+    }
+    const std::vector<int32_t> ids = tokenizer->Encode(options->text, /*add_bos=*/true);
+    if (options->json) {
+      std::cout << nlohmann::json{{"ids", ids}}.dump() << "\n";
+    } else {
+      for (size_t i = 0; i < ids.size(); ++i) std::cout << (i ? " " : "") << ids[i];
+      std::cout << "\n";
+    }
+    return 0;
+  };
+}
+
+}  // namespace moe

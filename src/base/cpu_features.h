@@ -1,0 +1,22 @@
+// The x86-64 ISA extensions the kernels choose between, detected once at start-up.
+#pragma once
+
+#include <string>
+
+namespace moe {
+
+struct CpuFeatures {
+  bool avx2 = false;
+  bool fma = false;
+  bool avx512f = false;
+  bool avx512bw = false;
+  bool avx512vnni = false;
+  bool avx512bf16 = false;
+  bool avxvnni = false;
+
+  std::string ToString() const;
+};
+
+const CpuFeatures& GetCpuFeatures();
+
+}  // namespace moe

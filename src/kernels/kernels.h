@@ -1,0 +1,63 @@
+// The compute kernels the model calls, over plain pointers and small params structs. Every kernel
+// here has a scalar twin in kernels/ref that the tests compare against.
+#pragma once
+
+#include <cstdint>
+
+#include "tensor/tensor.h"
+
+namespace moe::kernels {
+
+// y[m, n] = x[m, k] · w^T, with w a [n, k] F32 or BF16 weight (BF16 weights take BF16 activations).
+void Matmul(const float* x, int64_t m, const TensorView& w, float* y);
+
+// y[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight, for each of `rows` rows of `dim` values.
+// x and y may alias.
+void RmsNorm(const float* x, const float* weight, int64_t rows, int64_t dim, float eps, float* y);
+
+// y[i] = silu(gate[i]) * up[i]. y may alias gate or up.
+void SiluMul(const float* gate, const float* up, int64_t n, float* y);
+
+// Rotary embedding on interleaved pairs (x[2i], x[2i+1]) by angle position * inv_freq[i], the
+// result scaled by `scale` (YaRN's cos/sin factor).
+struct RopeParams {
+  const double* inv_freq = nullptr;  // dim / 2 entries
+  int64_t dim = 0;
+  double scale = 1.0;
+};
+// Rotates `heads` vectors of each of `tokens` rows in place: vector h of token t starts at
+// x + t * token_stride + h * head_stride.
+void ApplyRope(float* x, int64_t tokens, int64_t heads, int64_t token_stride, int64_t head_stride,
+               const int32_t* positions, const RopeParams& rope);
+
+// Causal multi-head attention, expanded form. Query t sits at position q_offset + t and sees keys
+// 0..q_offset + t. q: [tokens, heads, qk_dim], k: [keys, heads, qk_dim], v: [keys, heads, v_dim],
+// out: [tokens, heads, v_dim].
+struct AttentionParams {
+  int64_t tokens = 0;
+  int64_t keys = 0;
+  int64_t heads = 0;
+  int64_t qk_dim = 0;
+  int64_t v_dim = 0;
+  int64_t q_offset = 0;
+  float scale = 1.0f;
+};
+void Attention(const float* q, const float* k, const float* v, const AttentionParams& p, float* out);
+
+// Causal MLA attention in the absorbed form, over the latent cache: score(t, h, s) =
+// (q_lat[t,h]·c_kv[s] + q_pe[t,h]·k_pe[s]) * scale; out[t,h] = sum_s P(t,h,s) c_kv[s].
+// q_lat: [tokens, heads, kv_lora], q_pe: [tokens, heads, rope], c_kv: [keys, kv_lora],
+// k_pe: [keys, rope], out: [tokens, heads, kv_lora].
+struct LatentAttentionParams {
+  int64_t tokens = 0;
+  int64_t keys = 0;
+  int64_t heads = 0;
+  int64_t kv_lora = 0;
+  int64_t rope = 0;
+  int64_t q_offset = 0;
+  float scale = 1.0f;
+};
+void LatentAttention(const float* q_lat, const float* q_pe, const float* c_kv, const float* k_pe,
+                     const LatentAttentionParams& p, float* out);
+
+}  // namespace moe::kernels

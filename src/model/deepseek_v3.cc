@@ -1,0 +1,105 @@
+#include "model/deepseek_v3.h"
+
+#include <cstring>
+#include <vector>
+
+#include "kernels/kernels.h"
+#include "model/mlp.h"
+
+namespace moe {
+
+Expected<std::unique_ptr<DeepseekV3Model>> DeepseekV3Model::Load(const std::string& dir, DType dtype) {
+  MOE_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(dir + "/config.json"));
+  MOE_ASSIGN_OR_RETURN(Checkpoint checkpoint, Checkpoint::Open(dir));
+  MOE_ASSIGN_OR_RETURN(ModelWeights weights, LoadModelWeights(checkpoint, config, dtype));
+  return std::unique_ptr<DeepseekV3Model>(new DeepseekV3Model(std::move(config), std::move(weights)));
+}
+
+DeepseekV3Model::DeepseekV3Model(ModelConfig config, ModelWeights weights)
+    : config_(std::move(config)), weights_(std::move(weights)), rope_(BuildRope(config_)) {}
+
+SequenceKvCache DeepseekV3Model::NewCache(int64_t capacity) const {
+  return SequenceKvCache(config_, config_.num_hidden_layers, capacity);
+}
+
+SequenceKvCache DeepseekV3Model::NewMtpCache(int64_t capacity) const {
+  return SequenceKvCache(config_, has_mtp() ? 1 : 0, capacity);
+}
+
+Tensor DeepseekV3Model::Embed(const Tensor& table, std::span<const int32_t> tokens) const {
+  const int64_t hidden = config_.hidden_size;
+  Tensor h = Tensor::F32({static_cast<int64_t>(tokens.size()), hidden});
+  for (size_t t = 0; t < tokens.size(); ++t) {
+    MOE_CHECK(tokens[t] >= 0 && tokens[t] < config_.vocab_size, "token id %d out of range", tokens[t]);
+    std::memcpy(h.data<float>() + t * hidden, table.data<float>() + tokens[t] * hidden, hidden * sizeof(float));
+  }
+  return h;
+}
+
+void DeepseekV3Model::Block(const LayerWeights& layer, Tensor& h, int64_t start, LayerKvCache& cache,
+                            AttentionForm form, ExpertBackend& experts) const {
+  const int64_t tokens = h.dim(0), hidden = config_.hidden_size, n = tokens * hidden;
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+  std::vector<float> normed(n), delta(n);
+  float* x = h.data<float>();
+
+  kernels::RmsNorm(x, layer.input_norm.data<float>(), tokens, hidden, eps, normed.data());
+  MlaForward(layer.attention, config_, rope_, normed.data(), tokens, start, cache, form, delta.data());
+  for (int64_t i = 0; i < n; ++i) x[i] += delta[i];
+
+  kernels::RmsNorm(x, layer.post_attention_norm.data<float>(), tokens, hidden, eps, normed.data());
+  if (layer.moe) {
+    MoeForward(*layer.moe, config_, experts, normed.data(), tokens, delta.data());
+  } else {
+    MlpForward(*layer.dense, normed.data(), tokens, delta.data());
+  }
+  for (int64_t i = 0; i < n; ++i) x[i] += delta[i];
+}
+
+Tensor DeepseekV3Model::Forward(std::span<const int32_t> tokens, SequenceKvCache& cache, AttentionForm form,
+                                ExpertBackend& experts) const {
+  Tensor h = Embed(weights_.embed, tokens);
+  for (size_t i = 0; i < weights_.layers.size(); ++i) {
+    Block(weights_.layers[i], h, cache.length, cache.layers[i], form, experts);
+  }
+  cache.length += static_cast<int64_t>(tokens.size());
+  kernels::RmsNorm(h.data<float>(), weights_.final_norm.data<float>(), h.dim(0), config_.hidden_size,
+                   static_cast<float>(config_.rms_norm_eps), h.data<float>());
+  return h;
+}
+
+Tensor DeepseekV3Model::Logits(const float* hidden, int64_t rows) const {
+  Tensor logits = Tensor::F32({rows, config_.vocab_size});
+  kernels::Matmul(hidden, rows, weights_.lm_head.view(), logits.data<float>());
+  return logits;
+}
+
+Tensor DeepseekV3Model::MtpLogits(const float* main_hidden, std::span<const int32_t> next_tokens,
+                                  SequenceKvCache& mtp_cache, AttentionForm form, ExpertBackend& experts) const {
+  MOE_CHECK(has_mtp(), "the model has no MTP layer");
+  const MtpWeights& mtp = *weights_.mtp;
+  const int64_t tokens = static_cast<int64_t>(next_tokens.size()), hidden = config_.hidden_size;
+  const float eps = static_cast<float>(config_.rms_norm_eps);
+
+  // eh_proj input: [enorm(embedding of the next token); hnorm(main hidden state)].
+  Tensor embedded = Embed(mtp.embed, next_tokens);
+  std::vector<float> joined(tokens * 2 * hidden);
+  kernels::RmsNorm(embedded.data<float>(), mtp.enorm.data<float>(), tokens, hidden, eps, embedded.data<float>());
+  std::vector<float> h_normed(tokens * hidden);
+  kernels::RmsNorm(main_hidden, mtp.hnorm.data<float>(), tokens, hidden, eps, h_normed.data());
+  for (int64_t t = 0; t < tokens; ++t) {
+    std::memcpy(&joined[t * 2 * hidden], embedded.data<float>() + t * hidden, hidden * sizeof(float));
+    std::memcpy(&joined[t * 2 * hidden + hidden], &h_normed[t * hidden], hidden * sizeof(float));
+  }
+  Tensor h = Tensor::F32({tokens, hidden});
+  kernels::Matmul(joined.data(), tokens, mtp.eh_proj.view(), h.data<float>());
+
+  Block(mtp.block, h, mtp_cache.length, mtp_cache.layers[0], form, experts);
+  mtp_cache.length += tokens;
+  kernels::RmsNorm(h.data<float>(), mtp.head_norm.data<float>(), tokens, hidden, eps, h.data<float>());
+  Tensor logits = Tensor::F32({tokens, config_.vocab_size});
+  kernels::Matmul(h.data<float>(), tokens, mtp.head.view(), logits.data<float>());
+  return logits;
+}
+
+}  // namespace moe

@@ -1,0 +1,56 @@
+// The DeepSeek-V3 architecture (and its V2 variant): embedding -> decoder layers (MLA + dense MLP
+// or MoE) -> final norm -> lm_head, plus the MTP module that predicts the token after next.
+#pragma once
+
+#include <memory>
+#include <span>
+#include <string>
+
+#include "model/kv_cache.h"
+#include "model/mla.h"
+#include "model/moe.h"
+#include "model/rope.h"
+#include "model/weights.h"
+
+namespace moe {
+
+class DeepseekV3Model {
+ public:
+  // Reads config.json and the safetensors of `dir`; `dtype` is kF32 or kBF16 (linear layers).
+  static Expected<std::unique_ptr<DeepseekV3Model>> Load(const std::string& dir, DType dtype);
+
+  const ModelConfig& config() const { return config_; }
+  bool has_mtp() const { return weights_.mtp.has_value(); }
+
+  SequenceKvCache NewCache(int64_t capacity) const;
+  SequenceKvCache NewMtpCache(int64_t capacity) const;
+
+  // Runs `tokens` (ids < vocab_size, checked by the caller) at positions cache.length onwards,
+  // appends them to the cache and returns their final hidden states after the final norm:
+  // [tokens, hidden].
+  Tensor Forward(std::span<const int32_t> tokens, SequenceKvCache& cache, AttentionForm form,
+                 ExpertBackend& experts) const;
+
+  // lm_head over `rows` final hidden states: [rows, vocab].
+  Tensor Logits(const float* hidden, int64_t rows) const;
+
+  // The MTP module at positions mtp_cache.length onwards: hidden[i] is the main model's final
+  // hidden state at position i and next_tokens[i] the token at position i + 1. Returns the logits
+  // for the token at position i + 2: [tokens, vocab].
+  Tensor MtpLogits(const float* hidden, std::span<const int32_t> next_tokens, SequenceKvCache& mtp_cache,
+                   AttentionForm form, ExpertBackend& experts) const;
+
+ private:
+  DeepseekV3Model(ModelConfig config, ModelWeights weights);
+
+  // One decoder layer in place on h: [tokens, hidden].
+  void Block(const LayerWeights& layer, Tensor& h, int64_t start, LayerKvCache& cache, AttentionForm form,
+             ExpertBackend& experts) const;
+  Tensor Embed(const Tensor& table, std::span<const int32_t> tokens) const;
+
+  ModelConfig config_;
+  ModelWeights weights_;
+  Rope rope_;
+};
+
+}  // namespace moe

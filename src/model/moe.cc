@@ -1,0 +1,125 @@
+#include "model/moe.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+#include <vector>
+
+#include "kernels/kernels.h"
+#include "model/mlp.h"
+
+namespace moe {
+namespace {
+
+// Indices of the `k` largest values, largest first, ties to the lower index.
+std::vector<int32_t> TopK(const std::vector<double>& values, int64_t k) {
+  std::vector<int32_t> order(values.size());
+  std::iota(order.begin(), order.end(), 0);
+  std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
+    return values[a] > values[b] || (values[a] == values[b] && a < b);
+  });
+  order.resize(k);
+  return order;
+}
+
+std::vector<double> Scores(const ModelConfig& c, const float* logits) {
+  const int64_t n = c.n_routed_experts;
+  std::vector<double> s(logits, logits + n);
+  if (c.scoring_func == ScoringFunc::kSigmoid) {
+    for (double& v : s) v = 1.0 / (1.0 + std::exp(-v));
+  } else {
+    const double max = *std::max_element(s.begin(), s.end());
+    double sum = 0;
+    for (double& v : s) sum += (v = std::exp(v - max));
+    for (double& v : s) v /= sum;
+  }
+  return s;
+}
+
+// Sets the selection scores of experts outside the best `topk_group` groups to -inf.
+void MaskGroups(const ModelConfig& c, std::vector<double>& selection) {
+  const int64_t per_group = c.n_routed_experts / c.n_group;
+  std::vector<double> group_scores(c.n_group);
+  for (int64_t g = 0; g < c.n_group; ++g) {
+    std::vector<double> members(selection.begin() + g * per_group, selection.begin() + (g + 1) * per_group);
+    if (c.topk_method == TopkMethod::kNoauxTc) {
+      const std::vector<int32_t> best = TopK(members, 2);
+      group_scores[g] = members[best[0]] + members[best[1]];
+    } else {
+      group_scores[g] = *std::max_element(members.begin(), members.end());
+    }
+  }
+  std::vector<bool> keep(c.n_group, false);
+  for (int32_t g : TopK(group_scores, c.topk_group)) keep[g] = true;
+  for (int64_t e = 0; e < c.n_routed_experts; ++e) {
+    if (!keep[e / per_group]) selection[e] = -std::numeric_limits<double>::infinity();
+  }
+}
+
+}  // namespace
+
+void Route(const ModelConfig& c, const float* logits, const float* score_bias, int64_t tokens,
+           int32_t* expert_ids, float* weights) {
+  const int64_t n = c.n_routed_experts, k = c.num_experts_per_tok;
+  for (int64_t t = 0; t < tokens; ++t) {
+    const std::vector<double> scores = Scores(c, logits + t * n);
+    std::vector<double> selection = scores;
+    if (score_bias) {
+      for (int64_t e = 0; e < n; ++e) selection[e] += score_bias[e];
+    }
+    if (c.topk_method != TopkMethod::kGreedy && c.n_group > 1) MaskGroups(c, selection);
+    const std::vector<int32_t> chosen = TopK(selection, k);
+    double sum = 0;
+    for (int32_t e : chosen) sum += scores[e];
+    const double norm = c.norm_topk_prob ? sum : 1.0;
+    for (int64_t j = 0; j < k; ++j) {
+      expert_ids[t * k + j] = chosen[j];
+      weights[t * k + j] = static_cast<float>(scores[chosen[j]] / norm * c.routed_scaling_factor);
+    }
+  }
+}
+
+void LocalExpertBackend::Run(const MoeWeights& moe, const float* x, int64_t tokens,
+                             const int32_t* expert_ids, const float* weights, int64_t top_k, float* out) {
+  const int64_t hidden = moe.router.dim(1);
+  std::fill(out, out + tokens * hidden, 0.0f);
+  std::vector<std::vector<std::pair<int64_t, float>>> assigned(moe.experts.size());  // (token, weight)
+  for (int64_t t = 0; t < tokens; ++t) {
+    for (int64_t j = 0; j < top_k; ++j) assigned[expert_ids[t * top_k + j]].push_back({t, weights[t * top_k + j]});
+  }
+  std::vector<float> rows, results;
+  for (size_t e = 0; e < moe.experts.size(); ++e) {
+    const auto& batch = assigned[e];
+    if (batch.empty()) continue;
+    const int64_t m = static_cast<int64_t>(batch.size());
+    rows.resize(m * hidden);
+    results.resize(m * hidden);
+    for (int64_t i = 0; i < m; ++i) std::memcpy(&rows[i * hidden], x + batch[i].first * hidden, hidden * sizeof(float));
+    MlpForward(moe.experts[e], rows.data(), m, results.data());
+    for (int64_t i = 0; i < m; ++i) {
+      float* dst = out + batch[i].first * hidden;
+      for (int64_t d = 0; d < hidden; ++d) dst[d] += batch[i].second * results[i * hidden + d];
+    }
+  }
+}
+
+void MoeForward(const MoeWeights& w, const ModelConfig& c, ExpertBackend& experts, const float* x,
+                int64_t tokens, float* out) {
+  const int64_t hidden = c.hidden_size, k = c.num_experts_per_tok;
+  std::vector<float> logits(tokens * c.n_routed_experts);
+  kernels::Matmul(x, tokens, w.router.view(), logits.data());
+  std::vector<int32_t> ids(tokens * k);
+  std::vector<float> weights(tokens * k);
+  Route(c, logits.data(), w.score_bias.empty() ? nullptr : w.score_bias.data<float>(), tokens, ids.data(),
+        weights.data());
+  experts.Run(w, x, tokens, ids.data(), weights.data(), k, out);
+  if (w.shared) {
+    std::vector<float> shared(tokens * hidden);
+    MlpForward(*w.shared, x, tokens, shared.data());
+    for (int64_t i = 0; i < tokens * hidden; ++i) out[i] += shared[i];
+  }
+}
+
+}  // namespace moe

@@ -1,0 +1,41 @@
+// The MoE block: routing, then the routed experts through an ExpertBackend, plus shared experts.
+#pragma once
+
+#include <cstdint>
+
+#include "model/config.h"
+#include "model/weights.h"
+
+namespace moe {
+
+// Chooses num_experts_per_tok experts per token from router logits [tokens, n_routed_experts]
+// by the config's scoring function and top-k method; writes expert_ids and their weights
+// ([tokens, num_experts_per_tok] each). `score_bias` (noaux_tc only, may be null) steers
+// selection but never the weights. Ties go to the lower expert index.
+void Route(const ModelConfig& config, const float* logits, const float* score_bias, int64_t tokens,
+           int32_t* expert_ids, float* weights);
+
+// Runs routed experts. The model calls experts only through this, so that expert parallelism can
+// replace where they run without touching the model.
+class ExpertBackend {
+ public:
+  virtual ~ExpertBackend() = default;
+  // out[t] = sum_j weights[t, j] * expert_{expert_ids[t, j]}(x[t]) for t < tokens, j < top_k.
+  virtual void Run(const MoeWeights& moe, const float* x, int64_t tokens, const int32_t* expert_ids,
+                   const float* weights, int64_t top_k, float* out) = 0;
+};
+
+// Every expert in this process. Tokens are grouped by expert so each expert runs one GEMM; each
+// token's results are summed in ascending expert order, so a token's output does not depend on
+// which other tokens share its batch.
+class LocalExpertBackend final : public ExpertBackend {
+ public:
+  void Run(const MoeWeights& moe, const float* x, int64_t tokens, const int32_t* expert_ids,
+           const float* weights, int64_t top_k, float* out) override;
+};
+
+// out[tokens, hidden] = routed experts + shared experts of x (already normalized).
+void MoeForward(const MoeWeights& w, const ModelConfig& config, ExpertBackend& experts, const float* x,
+                int64_t tokens, float* out);
+
+}  // namespace moe

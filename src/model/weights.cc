@@ -1,0 +1,138 @@
+#include "model/weights.h"
+
+#include <cstring>
+#include <string>
+
+namespace moe {
+namespace {
+
+// Loads tensors under one name prefix, remembering the first error so that a block's loader reads
+// as a list of tensors rather than a chain of checks.
+class TensorLoader {
+ public:
+  TensorLoader(const Checkpoint& checkpoint, DType linear_dtype)
+      : checkpoint_(checkpoint), linear_dtype_(linear_dtype) {}
+
+  Tensor Linear(const std::string& name, int64_t out, int64_t in) { return Get(name, {out, in}, linear_dtype_); }
+  Tensor F32(const std::string& name, Shape shape) { return Get(name, std::move(shape), DType::kF32); }
+  const Status& status() const { return status_; }
+
+ private:
+  Tensor Get(const std::string& name, Shape shape, DType dtype) {
+    if (!status_.ok()) return Tensor();
+    auto tensor = checkpoint_.Load(name, shape, dtype);
+    if (!tensor.ok()) {
+      status_ = tensor.status();
+      return Tensor();
+    }
+    return std::move(tensor).value();
+  }
+
+  const Checkpoint& checkpoint_;
+  DType linear_dtype_;
+  Status status_;
+};
+
+MlpWeights LoadMlp(TensorLoader& loader, const std::string& prefix, int64_t hidden, int64_t width) {
+  MlpWeights mlp;
+  mlp.gate = loader.Linear(prefix + "gate_proj.weight", width, hidden);
+  mlp.up = loader.Linear(prefix + "up_proj.weight", width, hidden);
+  mlp.down = loader.Linear(prefix + "down_proj.weight", hidden, width);
+  return mlp;
+}
+
+// Row range [begin, begin + rows) of a 2-D tensor, transposed when `transpose`.
+Tensor Slice(const Tensor& w, int64_t begin, int64_t rows, bool transpose) {
+  const int64_t cols = w.dim(1);
+  const size_t elem = DTypeSize(w.dtype());
+  Tensor out(w.dtype(), transpose ? Shape{cols, rows} : Shape{rows, cols});
+  const auto* src = static_cast<const uint8_t*>(w.raw());
+  auto* dst = static_cast<uint8_t*>(out.raw());
+  for (int64_t r = 0; r < rows; ++r) {
+    for (int64_t c = 0; c < cols; ++c) {
+      const int64_t to = transpose ? c * rows + r : r * cols + c;
+      std::memcpy(dst + to * elem, src + ((begin + r) * cols + c) * elem, elem);
+    }
+  }
+  return out;
+}
+
+AttentionWeights LoadAttention(TensorLoader& loader, const std::string& prefix, const ModelConfig& c) {
+  AttentionWeights a;
+  const int64_t heads = c.num_attention_heads, hidden = c.hidden_size;
+  if (c.q_lora_rank) {
+    a.q_a = loader.Linear(prefix + "q_a_proj.weight", *c.q_lora_rank, hidden);
+    a.q_a_norm = loader.F32(prefix + "q_a_layernorm.weight", {*c.q_lora_rank});
+    a.q_b = loader.Linear(prefix + "q_b_proj.weight", heads * c.qk_head_dim(), *c.q_lora_rank);
+  } else {
+    a.q_proj = loader.Linear(prefix + "q_proj.weight", heads * c.qk_head_dim(), hidden);
+  }
+  a.kv_a = loader.Linear(prefix + "kv_a_proj_with_mqa.weight", c.kv_lora_rank + c.qk_rope_head_dim, hidden);
+  a.kv_a_norm = loader.F32(prefix + "kv_a_layernorm.weight", {c.kv_lora_rank});
+  a.kv_b = loader.Linear(prefix + "kv_b_proj.weight", heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank);
+  a.o_proj = loader.Linear(prefix + "o_proj.weight", hidden, heads * c.v_head_dim);
+  if (!loader.status().ok()) return a;
+  const int64_t per_head = c.qk_nope_head_dim + c.v_head_dim;
+  for (int64_t h = 0; h < heads; ++h) {
+    a.k_absorb.push_back(Slice(a.kv_b, h * per_head, c.qk_nope_head_dim, /*transpose=*/true));
+    a.v_absorb.push_back(Slice(a.kv_b, h * per_head + c.qk_nope_head_dim, c.v_head_dim, /*transpose=*/false));
+  }
+  return a;
+}
+
+LayerWeights LoadLayer(TensorLoader& loader, int64_t index, const ModelConfig& c) {
+  const std::string prefix = "model.layers." + std::to_string(index) + ".";
+  LayerWeights layer;
+  layer.input_norm = loader.F32(prefix + "input_layernorm.weight", {c.hidden_size});
+  layer.post_attention_norm = loader.F32(prefix + "post_attention_layernorm.weight", {c.hidden_size});
+  layer.attention = LoadAttention(loader, prefix + "self_attn.", c);
+  if (!c.IsMoeLayer(index)) {
+    layer.dense = LoadMlp(loader, prefix + "mlp.", c.hidden_size, c.intermediate_size);
+    return layer;
+  }
+  MoeWeights& moe = layer.moe.emplace();
+  moe.router = loader.F32(prefix + "mlp.gate.weight", {c.n_routed_experts, c.hidden_size});
+  if (c.topk_method == TopkMethod::kNoauxTc) {
+    moe.score_bias = loader.F32(prefix + "mlp.gate.e_score_correction_bias", {c.n_routed_experts});
+  }
+  for (int64_t e = 0; e < c.n_routed_experts; ++e) {
+    moe.experts.push_back(LoadMlp(loader, prefix + "mlp.experts." + std::to_string(e) + ".",
+                                  c.hidden_size, c.moe_intermediate_size));
+  }
+  if (c.n_shared_experts > 0) {
+    moe.shared = LoadMlp(loader, prefix + "mlp.shared_experts.", c.hidden_size,
+                         c.n_shared_experts * c.moe_intermediate_size);
+  }
+  return layer;
+}
+
+}  // namespace
+
+Expected<ModelWeights> LoadModelWeights(const Checkpoint& checkpoint, const ModelConfig& c, DType dtype) {
+  MOE_CHECK(dtype == DType::kF32 || dtype == DType::kBF16, "unsupported run dtype");
+  TensorLoader loader(checkpoint, dtype);
+  ModelWeights w;
+  w.embed = loader.F32("model.embed_tokens.weight", {c.vocab_size, c.hidden_size});
+  for (int64_t i = 0; i < c.num_hidden_layers && loader.status().ok(); ++i) {
+    w.layers.push_back(LoadLayer(loader, i, c));
+  }
+  w.final_norm = loader.F32("model.norm.weight", {c.hidden_size});
+  w.lm_head = loader.Linear(c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight",
+                            c.vocab_size, c.hidden_size);
+  if (c.num_nextn_predict_layers > 0 && loader.status().ok()) {
+    const int64_t index = c.num_hidden_layers;
+    const std::string prefix = "model.layers." + std::to_string(index) + ".";
+    MtpWeights& mtp = w.mtp.emplace();
+    mtp.embed = loader.F32(prefix + "embed_tokens.weight", {c.vocab_size, c.hidden_size});
+    mtp.enorm = loader.F32(prefix + "enorm.weight", {c.hidden_size});
+    mtp.hnorm = loader.F32(prefix + "hnorm.weight", {c.hidden_size});
+    mtp.eh_proj = loader.Linear(prefix + "eh_proj.weight", c.hidden_size, 2 * c.hidden_size);
+    mtp.head_norm = loader.F32(prefix + "shared_head.norm.weight", {c.hidden_size});
+    mtp.head = loader.Linear(prefix + "shared_head.head.weight", c.vocab_size, c.hidden_size);
+    mtp.block = LoadLayer(loader, index, c);
+  }
+  if (!loader.status().ok()) return loader.status();
+  return w;
+}
+
+}  // namespace moe

@@ -1,0 +1,32 @@
+#include "base/thread_pool.h"
+
+#include <atomic>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+namespace moe {
+namespace {
+
+TEST(ThreadPoolTest, CoversEveryIndexExactlyOnce) {
+  ThreadPool pool(4);
+  for (int64_t n : {0, 1, 3, 4, 5, 1000}) {
+    std::vector<std::atomic<int>> hits(n);
+    pool.ParallelFor(n, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) hits[i]++;
+    });
+    for (int64_t i = 0; i < n; ++i) EXPECT_EQ(hits[i].load(), 1) << "n=" << n << " i=" << i;
+  }
+}
+
+TEST(ThreadPoolTest, RunsManyRoundsInARow) {
+  ThreadPool pool(3);
+  std::atomic<int64_t> sum = 0;
+  for (int round = 0; round < 200; ++round) {
+    pool.ParallelFor(10, [&](int64_t begin, int64_t end) { sum += end - begin; });
+  }
+  EXPECT_EQ(sum.load(), 2000);
+}
+
+}  // namespace
+}  // namespace moe
