@@ -71,12 +71,7 @@ AttentionWeights LoadAttention(TensorLoader& loader, const std::string& prefix, 
   a.kv_a_norm = loader.F32(prefix + "kv_a_layernorm.weight", {c.kv_lora_rank});
   a.kv_b = loader.Linear(prefix + "kv_b_proj.weight", heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank);
   a.o_proj = loader.Linear(prefix + "o_proj.weight", hidden, heads * c.v_head_dim);
-  if (!loader.status().ok()) return a;
-  const int64_t per_head = c.qk_nope_head_dim + c.v_head_dim;
-  for (int64_t h = 0; h < heads; ++h) {
-    a.k_absorb.push_back(Slice(a.kv_b, h * per_head, c.qk_nope_head_dim, /*transpose=*/true));
-    a.v_absorb.push_back(Slice(a.kv_b, h * per_head + c.qk_nope_head_dim, c.v_head_dim, /*transpose=*/false));
-  }
+  if (loader.status().ok()) SplitAbsorbedWeights(c, a);
   return a;
 }
 
@@ -107,6 +102,16 @@ LayerWeights LoadLayer(TensorLoader& loader, int64_t index, const ModelConfig& c
 }
 
 }  // namespace
+
+void SplitAbsorbedWeights(const ModelConfig& c, AttentionWeights& a) {
+  const int64_t per_head = c.qk_nope_head_dim + c.v_head_dim;
+  a.k_absorb.clear();
+  a.v_absorb.clear();
+  for (int64_t h = 0; h < c.num_attention_heads; ++h) {
+    a.k_absorb.push_back(Slice(a.kv_b, h * per_head, c.qk_nope_head_dim, /*transpose=*/true));
+    a.v_absorb.push_back(Slice(a.kv_b, h * per_head + c.qk_nope_head_dim, c.v_head_dim, /*transpose=*/false));
+  }
+}
 
 Expected<ModelWeights> LoadModelWeights(const Checkpoint& checkpoint, const ModelConfig& c, DType dtype) {
   MOE_CHECK(dtype == DType::kF32 || dtype == DType::kBF16, "unsupported run dtype");

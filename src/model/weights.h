@@ -49,6 +49,9 @@ struct ModelWeights {
   std::optional<MtpWeights> mtp;
 };
 
+// Fills k_absorb and v_absorb from kv_b.
+void SplitAbsorbedWeights(const ModelConfig& config, AttentionWeights& attention);
+
 // `dtype` is the run precision of linear layers: kF32 or kBF16.
 Expected<ModelWeights> LoadModelWeights(const Checkpoint& checkpoint, const ModelConfig& config,
                                         DType dtype);
