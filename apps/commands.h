@@ -5,6 +5,9 @@
 
 #include <CLI/CLI.hpp>
 
+#include "base/status.h"
+#include "tensor/dtype.h"
+
 namespace moe {
 
 // Each returns the process exit code when the subcommand was chosen.
@@ -12,5 +15,12 @@ using CommandRunner = std::function<int()>;
 
 CommandRunner AddGenerateCommand(CLI::App& app);
 CommandRunner AddTokenizeCommand(CLI::App& app);
+CommandRunner AddPerplexityCommand(CLI::App& app);
+
+// Prints "error: <message>" on stderr and returns the exit code for it.
+int Fail(const Status& status);
+
+// The --dtype flag: "f32" or "bf16".
+Expected<DType> ParseDType(const std::string& name);
 
 }  // namespace moe

@@ -83,31 +83,25 @@ std::string DetokenizeAll(const Tokenizer& tokenizer, const GenerateResult& resu
 }
 
 int Run(const GenerateOptions& o) {
-  auto fail = [](const Status& status) {
-    std::cerr << "error: " << status.message() << "\n";
-    return 1;
-  };
   const int prompts_given = !o.prompt.empty() + !o.prompt_ids.empty() + !o.chat.empty();
-  if (prompts_given != 1) return fail(Status::Error("give exactly one of --prompt, --prompt-ids and --chat"));
-  if (o.dtype != "f32" && o.dtype != "bf16") {
-    return fail(Status::Error("--dtype: '" + o.dtype + "' is not one of f32, bf16"));
-  }
+  if (prompts_given != 1) return Fail(Status::Error("give exactly one of --prompt, --prompt-ids and --chat"));
+  auto dtype = ParseDType(o.dtype);
+  if (!dtype.ok()) return Fail(dtype.status());
 
   // The tokenizer is needed for text prompts; with --prompt-ids it only renders the output text.
   std::unique_ptr<Tokenizer> tokenizer;
   if (auto loaded = Tokenizer::Load(o.model); loaded.ok()) {
     tokenizer = std::make_unique<Tokenizer>(std::move(loaded).value());
   } else if (o.prompt_ids.empty()) {
-    return fail(loaded.status());
+    return Fail(loaded.status());
   }
 
   auto prompt = PromptIds(o, tokenizer.get());
-  if (!prompt.ok()) return fail(prompt.status());
+  if (!prompt.ok()) return Fail(prompt.status());
 
-  const DType dtype = o.dtype == "bf16" ? DType::kBF16 : DType::kF32;
   spdlog::info("loading {} ({})", o.model, o.dtype);
-  auto model = DeepseekV3Model::Load(o.model, dtype);
-  if (!model.ok()) return fail(model.status());
+  auto model = DeepseekV3Model::Load(o.model, *dtype);
+  if (!model.ok()) return Fail(model.status());
 
   GenerateRequest request;
   request.prompt = *prompt;
@@ -130,7 +124,7 @@ int Run(const GenerateOptions& o) {
 
   LocalExpertBackend experts;
   auto result = Generate(**model, experts, request, on_token);
-  if (!result.ok()) return fail(result.status());
+  if (!result.ok()) return Fail(result.status());
 
   if (o.json) {
     nlohmann::json out = {{"prompt_ids", request.prompt},

@@ -11,10 +11,12 @@ int main(int argc, char** argv) {
 
   const moe::CommandRunner generate = moe::AddGenerateCommand(app);
   const moe::CommandRunner tokenize = moe::AddTokenizeCommand(app);
+  const moe::CommandRunner perplexity = moe::AddPerplexityCommand(app);
   CLI11_PARSE(app, argc, argv);
 
   moe::InitLogging(verbose);
   if (app.got_subcommand("generate")) return generate();
   if (app.got_subcommand("tokenize")) return tokenize();
+  if (app.got_subcommand("perplexity")) return perplexity();
   return 1;
 }

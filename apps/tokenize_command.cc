@@ -22,10 +22,7 @@ CommandRunner AddTokenizeCommand(CLI::App& app) {
 
   return [options] {
     auto tokenizer = Tokenizer::Load(options->model);
-    if (!tokenizer.ok()) {
-      std::cerr << "error: " << tokenizer.status().message() << "\n";
-      return 1;
-    }
+    if (!tokenizer.ok()) return Fail(tokenizer.status());
     const std::vector<int32_t> ids = tokenizer->Encode(options->text, /*add_bos=*/true);
     if (options->json) {
       std::cout << nlohmann::json{{"ids", ids}}.dump() << "\n";

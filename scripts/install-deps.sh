@@ -7,7 +7,7 @@ packages=(
   libdnnl-dev libopenmpi-dev openmpi-bin libzmq3-dev cppzmq-dev
   nlohmann-json3-dev libpcre2-dev libcli11-dev libspdlog-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev
-  python3 python3-numpy python3-torch
+  python3 python3-numpy python3-torch python3-regex
   curl
 )
 # The machine image may ship its own Node.js; Debian's would conflict with it.
