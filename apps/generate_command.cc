@@ -56,7 +56,7 @@ Expected<std::vector<int32_t>> PromptIds(const GenerateOptions& o, const Tokeniz
     MOE_ASSIGN_OR_RETURN(std::string text, tokenizer->ApplyChatTemplate({{"user", o.chat}}, true));
     return tokenizer->Encode(text, /*add_bos=*/false);
   }
-  return tokenizer->Encode(o.prompt, /*add_bos=*/true);
+  return tokenizer->Encode(o.prompt, tokenizer->add_bos_token());
 }
 
 nlohmann::json LogprobsJson(const std::vector<std::vector<TokenLogprob>>& positions) {

@@ -15,7 +15,7 @@ CommandRunner AddTokenizeCommand(CLI::App& app) {
     bool json = false;
   };
   auto options = std::make_shared<Options>();
-  CLI::App* cmd = app.add_subcommand("tokenize", "print the token ids of a text (BOS added as the tokenizer says)");
+  CLI::App* cmd = app.add_subcommand("tokenize", "print the token ids of a text (BOS added when tokenizer_config.json says add_bos_token)");
   cmd->add_option("--model", options->model, "checkpoint directory with tokenizer.json")->required();
   cmd->add_option("--text", options->text, "text to encode")->required();
   cmd->add_flag("--json", options->json, "print {\"ids\":[...]}");
@@ -23,7 +23,7 @@ CommandRunner AddTokenizeCommand(CLI::App& app) {
   return [options] {
     auto tokenizer = Tokenizer::Load(options->model);
     if (!tokenizer.ok()) return Fail(tokenizer.status());
-    const std::vector<int32_t> ids = tokenizer->Encode(options->text, /*add_bos=*/true);
+    const std::vector<int32_t> ids = tokenizer->Encode(options->text, tokenizer->add_bos_token());
     if (options->json) {
       std::cout << nlohmann::json{{"ids", ids}}.dump() << "\n";
     } else {

@@ -12,7 +12,7 @@ cmake --build build -j "$jobs"
 ctest --test-dir build --output-on-failure -j "$jobs"
 
 cmake -S . -B build-asan -G Ninja -DMOE_WERROR=ON -DMOE_SANITIZE=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo
-cmake --build build-asan -j "$jobs" --target model_loader_test tokenizer_test
+cmake --build build-asan -j "$jobs" --target model_loader_test tokenizer_test tokenizer_golden_test
 ctest --test-dir build-asan --output-on-failure -j "$jobs" -L "loader|tokenizer"
 
 bash scripts/fuzz.sh 60
