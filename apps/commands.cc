@@ -12,7 +12,8 @@ int Fail(const Status& status) {
 Expected<DType> ParseDType(const std::string& name) {
   if (name == "f32") return DType::kF32;
   if (name == "bf16") return DType::kBF16;
-  return Status::Error("--dtype: '" + name + "' is not one of f32, bf16");
+  if (name == "w8a8") return DType::kI8;
+  return Status::Error("--dtype: '" + name + "' is not one of f32, bf16, w8a8");
 }
 
 }  // namespace moe

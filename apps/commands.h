@@ -20,7 +20,7 @@ CommandRunner AddPerplexityCommand(CLI::App& app);
 // Prints "error: <message>" on stderr and returns the exit code for it.
 int Fail(const Status& status);
 
-// The --dtype flag: "f32" or "bf16".
+// The --dtype flag: "f32", "bf16" or "w8a8" (INT8 weights and activations).
 Expected<DType> ParseDType(const std::string& name);
 
 }  // namespace moe

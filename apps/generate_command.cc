@@ -166,7 +166,7 @@ CommandRunner AddGenerateCommand(CLI::App& app) {
   cmd->add_option("--mtp-logprobs", o->mtp_logprobs,
                   "report the top K log-probs of the MTP head at every position whose next token is known")
       ->check(CLI::NonNegativeNumber);
-  cmd->add_option("--dtype", o->dtype, "precision of linear layers: f32 or bf16");
+  cmd->add_option("--dtype", o->dtype, "precision of linear layers: f32, bf16 or w8a8 (INT8 weights and activations)");
   cmd->add_flag("--json", o->json, "print one JSON object: prompt_ids, token_ids, text, logprobs");
   cmd->add_flag("--ignore-eos", o->ignore_eos, "keep generating past the end-of-sequence token");
   return [o] { return Run(*o); };

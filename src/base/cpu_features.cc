@@ -1,5 +1,9 @@
 #include "base/cpu_features.h"
 
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+
 namespace moe {
 
 std::string CpuFeatures::ToString() const {
@@ -30,7 +34,10 @@ const CpuFeatures& GetCpuFeatures() {
     f.avx512bw = __builtin_cpu_supports("avx512bw");
     f.avx512vnni = __builtin_cpu_supports("avx512vnni");
     f.avx512bf16 = __builtin_cpu_supports("avx512bf16");
-    f.avxvnni = __builtin_cpu_supports("avxvnni");
+    // AVX-VNNI is CPUID leaf 7, sub-leaf 1, EAX bit 4; older compilers' __builtin_cpu_supports
+    // does not know its name.
+    unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+    f.avxvnni = __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) && (eax & (1u << 4));
 #endif
     return f;
   }();

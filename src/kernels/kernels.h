@@ -8,8 +8,21 @@
 
 namespace moe::kernels {
 
-// y[m, n] = x[m, k] · w^T, with w a [n, k] F32 or BF16 weight (BF16 weights take BF16 activations).
-void Matmul(const float* x, int64_t m, const TensorView& w, float* y);
+// A [n, k] weight matrix: F32, BF16, or I8 with one dequantization scale per row (output channel).
+struct Weight {
+  Weight(const TensorView& data, const float* row_scales = nullptr)  // NOLINT: implicit by design
+      : data(data), row_scales(row_scales) {}
+  TensorView data;
+  const float* row_scales;
+};
+
+// y[m, n] = x[m, k] · w^T. BF16 weights take activations rounded to BF16; I8 weights take
+// activations quantized per row by QuantizeRows (A8W8), accumulate in INT32 and scale in FP32.
+void Matmul(const float* x, int64_t m, const Weight& w, float* y);
+
+// Symmetric per-row INT8 quantization: scales[r] = max|x[r]| / 127 and q = round(x / scales[r]),
+// halves to even. An all-zero row gets scale 0 and zeros.
+void QuantizeRows(const float* x, int64_t rows, int64_t cols, int8_t* q, float* scales);
 
 // y[r] = x[r] / sqrt(mean(x[r]^2) + eps) * weight, for each of `rows` rows of `dim` values.
 // x and y may alias.

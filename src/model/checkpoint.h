@@ -26,7 +26,8 @@ class Checkpoint {
 
   // Reads tensor `name`, checks its shape is `shape`, and converts it to `dtype` (kF32 or kBF16).
   // F8_E4M3 weights are dequantized with their `<name>_scale_inv` 128x128 block scales.
-  // Errors name the file, the tensor and what is wrong.
+  // Errors name the file, the tensor and what is wrong. Call from one thread at a time: conversion
+  // runs on the default thread pool. For checkpoints over 1 GiB, logs progress every 10% of bytes.
   Expected<Tensor> Load(const std::string& name, const Shape& shape, DType dtype) const;
 
  private:

@@ -16,7 +16,7 @@ namespace moe {
 
 class DeepseekV3Model {
  public:
-  // Reads config.json and the safetensors of `dir`; `dtype` is kF32 or kBF16 (linear layers).
+  // Reads config.json and the safetensors of `dir`; `dtype` is the precision of linear layers: kF32, kBF16 or kI8 (A8W8).
   static Expected<std::unique_ptr<DeepseekV3Model>> Load(const std::string& dir, DType dtype);
 
   const ModelConfig& config() const { return config_; }

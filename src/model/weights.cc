@@ -13,17 +13,21 @@ class TensorLoader {
   TensorLoader(const Checkpoint& checkpoint, DType linear_dtype)
       : checkpoint_(checkpoint), linear_dtype_(linear_dtype) {}
 
-  Tensor Linear(const std::string& name, int64_t out, int64_t in) { return Get(name, {out, in}, linear_dtype_); }
+  Linear LoadLinear(const std::string& name, int64_t out, int64_t in) {
+    return MakeLinear(F32(name, {out, in}), linear_dtype_);
+  }
   Tensor F32(const std::string& name, Shape shape) { return Get(name, std::move(shape), DType::kF32); }
   const Status& status() const { return status_; }
+  DType linear_dtype() const { return linear_dtype_; }
 
  private:
+  // After an error, returns zeros of the right shape so that later conversions stay well-defined.
   Tensor Get(const std::string& name, Shape shape, DType dtype) {
-    if (!status_.ok()) return Tensor();
+    if (!status_.ok()) return Tensor::F32(shape);
     auto tensor = checkpoint_.Load(name, shape, dtype);
     if (!tensor.ok()) {
       status_ = tensor.status();
-      return Tensor();
+      return Tensor::F32(shape);
     }
     return std::move(tensor).value();
   }
@@ -35,9 +39,9 @@ class TensorLoader {
 
 MlpWeights LoadMlp(TensorLoader& loader, const std::string& prefix, int64_t hidden, int64_t width) {
   MlpWeights mlp;
-  mlp.gate = loader.Linear(prefix + "gate_proj.weight", width, hidden);
-  mlp.up = loader.Linear(prefix + "up_proj.weight", width, hidden);
-  mlp.down = loader.Linear(prefix + "down_proj.weight", hidden, width);
+  mlp.gate = loader.LoadLinear(prefix + "gate_proj.weight", width, hidden);
+  mlp.up = loader.LoadLinear(prefix + "up_proj.weight", width, hidden);
+  mlp.down = loader.LoadLinear(prefix + "down_proj.weight", hidden, width);
   return mlp;
 }
 
@@ -61,17 +65,18 @@ AttentionWeights LoadAttention(TensorLoader& loader, const std::string& prefix, 
   AttentionWeights a;
   const int64_t heads = c.num_attention_heads, hidden = c.hidden_size;
   if (c.q_lora_rank) {
-    a.q_a = loader.Linear(prefix + "q_a_proj.weight", *c.q_lora_rank, hidden);
+    a.q_a = loader.LoadLinear(prefix + "q_a_proj.weight", *c.q_lora_rank, hidden);
     a.q_a_norm = loader.F32(prefix + "q_a_layernorm.weight", {*c.q_lora_rank});
-    a.q_b = loader.Linear(prefix + "q_b_proj.weight", heads * c.qk_head_dim(), *c.q_lora_rank);
+    a.q_b = loader.LoadLinear(prefix + "q_b_proj.weight", heads * c.qk_head_dim(), *c.q_lora_rank);
   } else {
-    a.q_proj = loader.Linear(prefix + "q_proj.weight", heads * c.qk_head_dim(), hidden);
+    a.q_proj = loader.LoadLinear(prefix + "q_proj.weight", heads * c.qk_head_dim(), hidden);
   }
-  a.kv_a = loader.Linear(prefix + "kv_a_proj_with_mqa.weight", c.kv_lora_rank + c.qk_rope_head_dim, hidden);
+  a.kv_a = loader.LoadLinear(prefix + "kv_a_proj_with_mqa.weight", c.kv_lora_rank + c.qk_rope_head_dim, hidden);
   a.kv_a_norm = loader.F32(prefix + "kv_a_layernorm.weight", {c.kv_lora_rank});
-  a.kv_b = loader.Linear(prefix + "kv_b_proj.weight", heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank);
-  a.o_proj = loader.Linear(prefix + "o_proj.weight", hidden, heads * c.v_head_dim);
-  if (loader.status().ok()) SplitAbsorbedWeights(c, a);
+  Tensor kv_b = loader.F32(prefix + "kv_b_proj.weight", {heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank});
+  a.o_proj = loader.LoadLinear(prefix + "o_proj.weight", hidden, heads * c.v_head_dim);
+  SplitAbsorbedWeights(c, kv_b, loader.linear_dtype(), a);
+  a.kv_b = MakeLinear(std::move(kv_b), loader.linear_dtype());
   return a;
 }
 
@@ -103,18 +108,42 @@ LayerWeights LoadLayer(TensorLoader& loader, int64_t index, const ModelConfig& c
 
 }  // namespace
 
-void SplitAbsorbedWeights(const ModelConfig& c, AttentionWeights& a) {
+void SplitAbsorbedWeights(const ModelConfig& c, const Tensor& kv_b, DType dtype, AttentionWeights& a) {
   const int64_t per_head = c.qk_nope_head_dim + c.v_head_dim;
   a.k_absorb.clear();
   a.v_absorb.clear();
   for (int64_t h = 0; h < c.num_attention_heads; ++h) {
-    a.k_absorb.push_back(Slice(a.kv_b, h * per_head, c.qk_nope_head_dim, /*transpose=*/true));
-    a.v_absorb.push_back(Slice(a.kv_b, h * per_head + c.qk_nope_head_dim, c.v_head_dim, /*transpose=*/false));
+    a.k_absorb.push_back(MakeLinear(Slice(kv_b, h * per_head, c.qk_nope_head_dim, /*transpose=*/true), dtype));
+    a.v_absorb.push_back(
+        MakeLinear(Slice(kv_b, h * per_head + c.qk_nope_head_dim, c.v_head_dim, /*transpose=*/false), dtype));
   }
 }
 
+Linear MakeLinear(Tensor w, DType dtype) {
+  MOE_CHECK(w.dtype() == DType::kF32 && w.shape().size() == 2, "MakeLinear takes a 2-D F32 tensor");
+  Linear linear;
+  const int64_t rows = w.dim(0), cols = w.dim(1);
+  switch (dtype) {
+    case DType::kF32:
+      linear.weight = std::move(w);
+      break;
+    case DType::kBF16:
+      linear.weight = Tensor(DType::kBF16, w.shape());
+      for (int64_t i = 0; i < w.numel(); ++i) linear.weight.data<bf16>()[i] = F32ToBf16(w.data<float>()[i]);
+      break;
+    case DType::kI8:
+      linear.weight = Tensor(DType::kI8, w.shape());
+      linear.row_scales = Tensor::F32({rows});
+      kernels::QuantizeRows(w.data<float>(), rows, cols, linear.weight.data<int8_t>(), linear.row_scales.data<float>());
+      break;
+    default:
+      MOE_CHECK(false, "no linear layers in %s", std::string(DTypeName(dtype)).c_str());
+  }
+  return linear;
+}
+
 Expected<ModelWeights> LoadModelWeights(const Checkpoint& checkpoint, const ModelConfig& c, DType dtype) {
-  MOE_CHECK(dtype == DType::kF32 || dtype == DType::kBF16, "unsupported run dtype");
+  MOE_CHECK(dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kI8, "unsupported run dtype");
   TensorLoader loader(checkpoint, dtype);
   ModelWeights w;
   w.embed = loader.F32("model.embed_tokens.weight", {c.vocab_size, c.hidden_size});
@@ -122,7 +151,7 @@ Expected<ModelWeights> LoadModelWeights(const Checkpoint& checkpoint, const Mode
     w.layers.push_back(LoadLayer(loader, i, c));
   }
   w.final_norm = loader.F32("model.norm.weight", {c.hidden_size});
-  w.lm_head = loader.Linear(c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight",
+  w.lm_head = loader.LoadLinear(c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight",
                             c.vocab_size, c.hidden_size);
   if (c.num_nextn_predict_layers > 0 && loader.status().ok()) {
     const int64_t index = c.num_hidden_layers;
@@ -131,9 +160,9 @@ Expected<ModelWeights> LoadModelWeights(const Checkpoint& checkpoint, const Mode
     mtp.embed = loader.F32(prefix + "embed_tokens.weight", {c.vocab_size, c.hidden_size});
     mtp.enorm = loader.F32(prefix + "enorm.weight", {c.hidden_size});
     mtp.hnorm = loader.F32(prefix + "hnorm.weight", {c.hidden_size});
-    mtp.eh_proj = loader.Linear(prefix + "eh_proj.weight", c.hidden_size, 2 * c.hidden_size);
+    mtp.eh_proj = loader.LoadLinear(prefix + "eh_proj.weight", c.hidden_size, 2 * c.hidden_size);
     mtp.head_norm = loader.F32(prefix + "shared_head.norm.weight", {c.hidden_size});
-    mtp.head = loader.Linear(prefix + "shared_head.head.weight", c.vocab_size, c.hidden_size);
+    mtp.head = loader.LoadLinear(prefix + "shared_head.head.weight", c.vocab_size, c.hidden_size);
     mtp.block = LoadLayer(loader, index, c);
   }
   if (!loader.status().ok()) return loader.status();

@@ -1,26 +1,44 @@
 // The weights of a DeepSeek-V3 model, converted at load time to the run precision: linear layers
-// in the run dtype (F32 or BF16), norms, router and embeddings in F32.
+// in the run dtype (F32, BF16, or I8 with per-output-channel scales), norms, router and
+// embeddings in F32.
 #pragma once
 
 #include <optional>
 #include <vector>
 
+#include "kernels/kernels.h"
 #include "model/checkpoint.h"
 #include "model/config.h"
 
 namespace moe {
 
+// A linear layer's [out, in] weight in the run dtype; I8 weights carry one scale per row.
+struct Linear {
+  Tensor weight;
+  Tensor row_scales;  // [out], F32; I8 only
+
+  int64_t rows() const { return weight.dim(0); }
+  kernels::Weight view() const {
+    return kernels::Weight(weight.view(), row_scales.empty() ? nullptr : row_scales.data<float>());
+  }
+};
+
+// Converts an F32 [out, in] weight to `dtype`: kF32, kBF16 or kI8 (symmetric, per row).
+Linear MakeLinear(Tensor f32_weight, DType dtype);
+
 struct AttentionWeights {
-  Tensor q_a, q_a_norm, q_b;  // with q_lora_rank
-  Tensor q_proj;              // without
-  Tensor kv_a, kv_a_norm, kv_b, o_proj;
+  Linear q_a, q_b;  // with q_lora_rank
+  Tensor q_a_norm;
+  Linear q_proj;  // without
+  Linear kv_a, kv_b, o_proj;
+  Tensor kv_a_norm;
   // kv_b split per head for the absorbed form: k_absorb[h] = W_uk[h]^T as [kv_lora, nope] and
   // v_absorb[h] = W_uv[h] as [v, kv_lora], both in the `y = x · w^T` layout Matmul takes.
-  std::vector<Tensor> k_absorb, v_absorb;
+  std::vector<Linear> k_absorb, v_absorb;
 };
 
 struct MlpWeights {  // SwiGLU: down(silu(gate(x)) * up(x))
-  Tensor gate, up, down;
+  Linear gate, up, down;
 };
 
 struct MoeWeights {
@@ -38,21 +56,24 @@ struct LayerWeights {
 };
 
 struct MtpWeights {
-  Tensor embed, enorm, hnorm, eh_proj, head_norm, head;
+  Tensor embed, enorm, hnorm, head_norm;
+  Linear eh_proj, head;
   LayerWeights block;
 };
 
 struct ModelWeights {
   Tensor embed;  // [vocab, hidden], F32
   std::vector<LayerWeights> layers;
-  Tensor final_norm, lm_head;
+  Tensor final_norm;
+  Linear lm_head;
   std::optional<MtpWeights> mtp;
 };
 
-// Fills k_absorb and v_absorb from kv_b.
-void SplitAbsorbedWeights(const ModelConfig& config, AttentionWeights& attention);
+// Fills k_absorb and v_absorb, in `dtype`, from kv_b given in F32.
+void SplitAbsorbedWeights(const ModelConfig& config, const Tensor& kv_b_f32, DType dtype,
+                          AttentionWeights& attention);
 
-// `dtype` is the run precision of linear layers: kF32 or kBF16.
+// `dtype` is the run precision of linear layers: kF32, kBF16 or kI8.
 Expected<ModelWeights> LoadModelWeights(const Checkpoint& checkpoint, const ModelConfig& config,
                                         DType dtype);
 

@@ -49,6 +49,32 @@ TEST_P(MatmulTest, Bf16MatchesReference) {
   ExpectNear(y, want, 1e-3f);
 }
 
+TEST_P(MatmulTest, Int8MatchesReferenceExactly) {
+  const auto [m, k, n] = GetParam();
+  std::vector<float> x = Random(m * k, 5), w = Random(n * k, 6), y(m * n), want(m * n);
+  std::vector<int8_t> wq(n * k);
+  std::vector<float> scales(n);
+  QuantizeRows(w.data(), n, k, wq.data(), scales.data());
+  const Weight wv(TensorView{wq.data(), DType::kI8, {n, k}}, scales.data());
+  Matmul(x.data(), m, wv, y.data());
+  ref::Matmul(x.data(), m, wv, want.data());
+  // INT32 accumulation is exact and the scaling is the same expression.
+  ExpectNear(y, want, 1e-6f);
+}
+
+TEST_P(MatmulTest, Int8IsCloseToFloat) {
+  const auto [m, k, n] = GetParam();
+  std::vector<float> x = Random(m * k, 7), w = Random(n * k, 8), y(m * n), exact(m * n);
+  std::vector<int8_t> wq(n * k);
+  std::vector<float> scales(n);
+  QuantizeRows(w.data(), n, k, wq.data(), scales.data());
+  Matmul(x.data(), m, Weight(TensorView{wq.data(), DType::kI8, {n, k}}, scales.data()), y.data());
+  ref::Matmul(x.data(), m, TensorView{w.data(), DType::kF32, {n, k}}, exact.data());
+  // Each operand is off by at most half a step of 1/127 of its row's max; the error of a dot product
+  // of k terms grows like sqrt(k).
+  for (size_t i = 0; i < y.size(); ++i) ASSERT_NEAR(y[i], exact[i], 0.05f * std::sqrt(static_cast<float>(k)) + 0.02f);
+}
+
 INSTANTIATE_TEST_SUITE_P(Shapes, MatmulTest,
                          testing::Values(std::make_tuple(1, 1, 1), std::make_tuple(1, 64, 32),
                                          std::make_tuple(3, 17, 5), std::make_tuple(7, 129, 33),
@@ -63,6 +89,24 @@ TEST(RmsNormTest, MatchesReference) {
     ExpectNear(y, want, 1e-5f);
     RmsNorm(x.data(), w.data(), rows, dim, 1e-6f, x.data());  // in place
     ExpectNear(x, want, 1e-5f);
+  }
+}
+
+TEST(QuantizeRowsTest, MatchesReferenceAndHandlesZeroRows) {
+  const int64_t rows = 6, cols = 37;
+  std::vector<float> x = Random(rows * cols, 9, 3.0f);
+  std::fill(x.begin() + 2 * cols, x.begin() + 3 * cols, 0.0f);
+  std::vector<int8_t> q(rows * cols), want_q(rows * cols);
+  std::vector<float> s(rows), want_s(rows);
+  QuantizeRows(x.data(), rows, cols, q.data(), s.data());
+  ref::QuantizeRows(x.data(), rows, cols, want_q.data(), want_s.data());
+  EXPECT_EQ(q, want_q);
+  EXPECT_EQ(s, want_s);
+  EXPECT_EQ(s[2], 0.0f);
+  for (int64_t r = 0; r < rows; ++r) {
+    int max_q = 0;
+    for (int64_t c = 0; c < cols; ++c) max_q = std::max(max_q, std::abs(static_cast<int>(q[r * cols + c])));
+    EXPECT_EQ(max_q, r == 2 ? 0 : 127) << "row " << r;
   }
 }
 

@@ -31,21 +31,23 @@ ModelConfig SmallConfig(bool q_lora) {
   return c;
 }
 
-AttentionWeights RandomAttention(const ModelConfig& c, std::mt19937& rng) {
+AttentionWeights RandomAttention(const ModelConfig& c, DType dtype, std::mt19937& rng) {
+  auto linear = [&](Shape shape, float scale) { return MakeLinear(RandomTensor(std::move(shape), rng, scale), dtype); };
   const int64_t heads = c.num_attention_heads, hidden = c.hidden_size;
   AttentionWeights a;
   if (c.q_lora_rank) {
-    a.q_a = RandomTensor({*c.q_lora_rank, hidden}, rng, 0.15f);
+    a.q_a = linear({*c.q_lora_rank, hidden}, 0.15f);
     a.q_a_norm = RandomTensor({*c.q_lora_rank}, rng, 1.0f);
-    a.q_b = RandomTensor({heads * c.qk_head_dim(), *c.q_lora_rank}, rng, 0.2f);
+    a.q_b = linear({heads * c.qk_head_dim(), *c.q_lora_rank}, 0.2f);
   } else {
-    a.q_proj = RandomTensor({heads * c.qk_head_dim(), hidden}, rng, 0.15f);
+    a.q_proj = linear({heads * c.qk_head_dim(), hidden}, 0.15f);
   }
-  a.kv_a = RandomTensor({c.kv_lora_rank + c.qk_rope_head_dim, hidden}, rng, 0.15f);
+  a.kv_a = linear({c.kv_lora_rank + c.qk_rope_head_dim, hidden}, 0.15f);
   a.kv_a_norm = RandomTensor({c.kv_lora_rank}, rng, 1.0f);
-  a.kv_b = RandomTensor({heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank}, rng, 0.2f);
-  a.o_proj = RandomTensor({hidden, heads * c.v_head_dim}, rng, 0.15f);
-  SplitAbsorbedWeights(c, a);
+  Tensor kv_b = RandomTensor({heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank}, rng, 0.2f);
+  a.o_proj = linear({hidden, heads * c.v_head_dim}, 0.15f);
+  SplitAbsorbedWeights(c, kv_b, dtype, a);
+  a.kv_b = MakeLinear(std::move(kv_b), dtype);
   return a;
 }
 
@@ -54,7 +56,7 @@ class MlaFormsTest : public testing::TestWithParam<bool> {};
 TEST_P(MlaFormsTest, ExpandedAndAbsorbedAgree) {
   const ModelConfig c = SmallConfig(GetParam());
   std::mt19937 rng(42);
-  const AttentionWeights w = RandomAttention(c, rng);
+  const AttentionWeights w = RandomAttention(c, DType::kF32, rng);
   const Rope rope = BuildRope(c);
   const int64_t prompt = 7, steps = 4, total = prompt + steps, hidden = c.hidden_size;
   const Tensor x = RandomTensor({total, hidden}, rng, 1.0f);

@@ -21,6 +21,19 @@ void RmsNorm(const float* x, const float* weight, int64_t rows, int64_t dim, flo
   });
 }
 
+void QuantizeRows(const float* x, int64_t rows, int64_t cols, int8_t* q, float* scales) {
+  ParallelFor(rows, [&](int64_t begin, int64_t end) {
+    for (int64_t r = begin; r < end; ++r) {
+      const float* xr = x + r * cols;
+      float amax = 0;
+      for (int64_t c = 0; c < cols; ++c) amax = std::max(amax, std::fabs(xr[c]));
+      scales[r] = amax / 127.0f;
+      const float inv = amax > 0 ? 127.0f / amax : 0.0f;
+      for (int64_t c = 0; c < cols; ++c) q[r * cols + c] = static_cast<int8_t>(std::nearbyint(xr[c] * inv));
+    }
+  });
+}
+
 void SiluMul(const float* gate, const float* up, int64_t n, float* y) {
   constexpr int64_t kChunk = 4096;
   ParallelFor((n + kChunk - 1) / kChunk, [&](int64_t begin, int64_t end) {

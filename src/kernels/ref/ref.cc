@@ -1,5 +1,6 @@
 #include "kernels/ref/ref.h"
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -21,8 +22,32 @@ void SoftmaxInPlace(std::vector<double>& scores) {
 
 }  // namespace
 
-void Matmul(const float* x, int64_t m, const TensorView& w, float* y) {
+void QuantizeRows(const float* x, int64_t rows, int64_t cols, int8_t* q, float* scales) {
+  for (int64_t r = 0; r < rows; ++r) {
+    float amax = 0;
+    for (int64_t c = 0; c < cols; ++c) amax = std::max(amax, std::fabs(x[r * cols + c]));
+    scales[r] = amax / 127.0f;
+    const float inv = amax > 0 ? 127.0f / amax : 0.0f;
+    for (int64_t c = 0; c < cols; ++c) q[r * cols + c] = static_cast<int8_t>(std::nearbyint(x[r * cols + c] * inv));
+  }
+}
+
+void Matmul(const float* x, int64_t m, const Weight& weight, float* y) {
+  const TensorView& w = weight.data;
   const int64_t n = w.dim(0), k = w.dim(1);
+  if (w.dtype == DType::kI8) {
+    std::vector<int8_t> qx(m * k);
+    std::vector<float> x_scales(m);
+    QuantizeRows(x, m, k, qx.data(), x_scales.data());
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = 0; j < n; ++j) {
+        int32_t acc = 0;
+        for (int64_t l = 0; l < k; ++l) acc += qx[i * k + l] * w.as<const int8_t>()[j * k + l];
+        y[i * n + j] = static_cast<float>(acc) * x_scales[i] * weight.row_scales[j];
+      }
+    }
+    return;
+  }
   const bool bf16_inputs = w.dtype == DType::kBF16;
   for (int64_t i = 0; i < m; ++i) {
     for (int64_t j = 0; j < n; ++j) {

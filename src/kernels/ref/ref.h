@@ -6,7 +6,8 @@
 
 namespace moe::kernels::ref {
 
-void Matmul(const float* x, int64_t m, const TensorView& w, float* y);
+void Matmul(const float* x, int64_t m, const Weight& w, float* y);
+void QuantizeRows(const float* x, int64_t rows, int64_t cols, int8_t* q, float* scales);
 void RmsNorm(const float* x, const float* weight, int64_t rows, int64_t dim, float eps, float* y);
 void SiluMul(const float* gate, const float* up, int64_t n, float* y);
 void ApplyRope(float* x, int64_t tokens, int64_t heads, int64_t token_stride, int64_t head_stride,
