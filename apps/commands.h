@@ -10,6 +10,9 @@
 
 namespace moe {
 
+// The model bundled in the source tree (models/), used when --model is not given.
+inline constexpr const char* kDefaultModelDir = MOE_DEFAULT_MODEL_DIR;
+
 // Each returns the process exit code when the subcommand was chosen.
 using CommandRunner = std::function<int()>;
 

@@ -14,7 +14,7 @@ namespace moe {
 namespace {
 
 struct GenerateOptions {
-  std::string model;
+  std::string model = kDefaultModelDir;
   std::string prompt, prompt_ids, chat;
   int64_t max_tokens = 64;
   double temperature = 1.0;
@@ -151,8 +151,7 @@ int Run(const GenerateOptions& o) {
 CommandRunner AddGenerateCommand(CLI::App& app) {
   auto o = std::make_shared<GenerateOptions>();
   CLI::App* cmd = app.add_subcommand("generate", "generate a continuation of one prompt");
-  cmd->add_option("--model", o->model, "checkpoint directory (config.json, *.safetensors, tokenizer.json)")
-      ->required();
+  cmd->add_option("--model", o->model, "checkpoint directory (config.json, *.safetensors, tokenizer.json)")->capture_default_str();
   cmd->add_option("--prompt", o->prompt, "prompt text (BOS added as tokenizer_config.json says)");
   cmd->add_option("--prompt-ids", o->prompt_ids, "prompt token ids, comma-separated, used verbatim");
   cmd->add_option("--chat", o->chat, "a user message, wrapped in the model's chat template");

@@ -15,7 +15,8 @@ namespace moe {
 namespace {
 
 struct PerplexityOptions {
-  std::string model, file, dtype = "f32";
+  std::string model = kDefaultModelDir;
+  std::string file, dtype = "f32";
   int64_t window = 256;
   bool json = false;
 };
@@ -64,7 +65,7 @@ CommandRunner AddPerplexityCommand(CLI::App& app) {
       "perplexity of a text file. The text is tokenized without BOS and cut into non-overlapping windows of "
       "--window tokens; each window runs from an empty cache with BOS prepended (when the tokenizer has one), "
       "and every token of it is scored given the tokens before it in its window.");
-  cmd->add_option("--model", o->model, "checkpoint directory")->required();
+  cmd->add_option("--model", o->model, "checkpoint directory")->capture_default_str();
   cmd->add_option("--file", o->file, "UTF-8 text file")->required();
   cmd->add_option("--window", o->window, "tokens per window")->check(CLI::Range(2, 1 << 20));
   cmd->add_option("--dtype", o->dtype, "precision of linear layers: f32, bf16 or w8a8 (INT8 weights and activations)");

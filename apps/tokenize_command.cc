@@ -11,12 +11,13 @@ namespace moe {
 
 CommandRunner AddTokenizeCommand(CLI::App& app) {
   struct Options {
-    std::string model, text;
+    std::string model = kDefaultModelDir;
+    std::string text;
     bool json = false;
   };
   auto options = std::make_shared<Options>();
   CLI::App* cmd = app.add_subcommand("tokenize", "print the token ids of a text (BOS added when tokenizer_config.json says add_bos_token)");
-  cmd->add_option("--model", options->model, "checkpoint directory with tokenizer.json")->required();
+  cmd->add_option("--model", options->model, "checkpoint directory with tokenizer.json")->capture_default_str();
   cmd->add_option("--text", options->text, "text to encode")->required();
   cmd->add_flag("--json", options->json, "print {\"ids\":[...]}");
 
