@@ -155,16 +155,16 @@ CommandRunner AddGenerateCommand(CLI::App& app) {
   cmd->add_option("--prompt", o->prompt, "prompt text (BOS added as tokenizer_config.json says)");
   cmd->add_option("--prompt-ids", o->prompt_ids, "prompt token ids, comma-separated, used verbatim");
   cmd->add_option("--chat", o->chat, "a user message, wrapped in the model's chat template");
-  cmd->add_option("--max-tokens", o->max_tokens, "most tokens to generate")->check(CLI::PositiveNumber);
-  cmd->add_option("--temperature", o->temperature, "0 is greedy")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--max-tokens", o->max_tokens, "most tokens to generate")->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
+  cmd->add_option("--temperature", o->temperature, "0 is greedy")->check(CLI::Range(0.0, 100.0));
   cmd->add_option("--top-p", o->top_p, "nucleus sampling mass")->check(CLI::Range(0.0, 1.0, "(0, 1]"));
-  cmd->add_option("--top-k", o->top_k, "sample among the k most likely tokens (0: all)")->check(CLI::NonNegativeNumber);
+  cmd->add_option("--top-k", o->top_k, "sample among the k most likely tokens (0: all)")->check(CLI::Range(int64_t{0}, int64_t{1} << 30));
   cmd->add_option("--seed", o->seed, "sampling seed");
   cmd->add_option("--logprobs", o->logprobs, "report the top K log-probs of each generated token")
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(int64_t{0}, int64_t{1000}));
   cmd->add_option("--mtp-logprobs", o->mtp_logprobs,
                   "report the top K log-probs of the MTP head at every position whose next token is known")
-      ->check(CLI::NonNegativeNumber);
+      ->check(CLI::Range(int64_t{0}, int64_t{1000}));
   cmd->add_option("--dtype", o->dtype, "precision of linear layers: f32, bf16 or w8a8 (INT8 weights and activations)");
   cmd->add_flag("--json", o->json, "print one JSON object: prompt_ids, token_ids, text, logprobs");
   cmd->add_flag("--ignore-eos", o->ignore_eos, "keep generating past the end-of-sequence token");

@@ -1,4 +1,4 @@
-#include <cstdio>
+#include <iostream>
 
 #include "apps/commands.h"
 #include "base/log.h"
@@ -12,7 +12,13 @@ int main(int argc, char** argv) {
   const moe::CommandRunner generate = moe::AddGenerateCommand(app);
   const moe::CommandRunner tokenize = moe::AddTokenizeCommand(app);
   const moe::CommandRunner perplexity = moe::AddPerplexityCommand(app);
-  CLI11_PARSE(app, argc, argv);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) return app.exit(e);  // --help
+    std::cerr << "error: " << e.what() << " (see --help)\n";
+    return 2;
+  }
 
   moe::InitLogging(verbose);
   if (app.got_subcommand("generate")) return generate();
