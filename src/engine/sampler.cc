@@ -29,6 +29,27 @@ std::vector<TokenLogprob> TopLogprobs(const float* logits, int64_t vocab, int64_
   return top;
 }
 
+void ApplyPenalties(float* logits, int64_t vocab, const SamplingParams& params, std::span<const int32_t> prompt,
+                    std::span<const int32_t> output) {
+  if (!params.has_penalties()) return;
+  std::vector<int32_t> output_counts(vocab, 0);
+  std::vector<bool> seen(vocab, false);
+  for (int32_t id : prompt) seen[id] = true;
+  for (int32_t id : output) {
+    ++output_counts[id];
+    seen[id] = true;
+  }
+  for (int64_t id = 0; id < vocab; ++id) {
+    float& l = logits[id];
+    if (seen[id] && params.repetition_penalty != 1.0) {
+      l = static_cast<float>(l > 0 ? l / params.repetition_penalty : l * params.repetition_penalty);
+    }
+    if (output_counts[id] > 0) {
+      l -= static_cast<float>(params.presence_penalty + params.frequency_penalty * output_counts[id]);
+    }
+  }
+}
+
 double Sampler::Uniform() { return static_cast<double>(rng_() >> 11) * 0x1.0p-53; }
 
 int32_t Sampler::Sample(const float* logits, int64_t vocab, const SamplingParams& params) {
@@ -41,10 +62,14 @@ int32_t Sampler::Sample(const float* logits, int64_t vocab, const SamplingParams
   double total = 0;
   for (size_t i = 0; i < ids.size(); ++i) total += (probs[i] = std::exp((logits[ids[i]] - max) / params.temperature));
 
+  // min-p: relative to the most likely token, whose weight is exp(0) = 1.
+  size_t kept = ids.size();
+  while (kept > 1 && probs[kept - 1] < params.min_p) total -= probs[--kept];
+
   // Nucleus: the shortest prefix of the sorted tokens whose mass reaches top_p.
-  size_t nucleus = ids.size();
+  size_t nucleus = kept;
   double mass = 0;
-  for (size_t i = 0; i < ids.size(); ++i) {
+  for (size_t i = 0; i < kept; ++i) {
     mass += probs[i] / total;
     if (mass >= params.top_p) {
       nucleus = i + 1;
