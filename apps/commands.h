@@ -19,6 +19,7 @@ using CommandRunner = std::function<int()>;
 CommandRunner AddGenerateCommand(CLI::App& app);
 CommandRunner AddTokenizeCommand(CLI::App& app);
 CommandRunner AddPerplexityCommand(CLI::App& app);
+CommandRunner AddBenchOfflineCommand(CLI::App& app);
 
 // Prints "error: <message>" on stderr and returns the exit code for it.
 int Fail(const Status& status);

@@ -106,7 +106,7 @@ int Run(const GenerateOptions& o) {
   GenerateRequest request;
   request.prompt = *prompt;
   request.max_tokens = o.max_tokens;
-  request.sampling = {o.temperature, o.top_p, o.top_k, o.seed};
+  request.sampling = {.temperature = o.temperature, .top_p = o.top_p, .top_k = o.top_k, .seed = o.seed};
   request.logprobs = o.logprobs;
   request.mtp_logprobs = o.mtp_logprobs;
   request.ignore_eos = o.ignore_eos;

@@ -12,6 +12,7 @@ int main(int argc, char** argv) {
   const moe::CommandRunner generate = moe::AddGenerateCommand(app);
   const moe::CommandRunner tokenize = moe::AddTokenizeCommand(app);
   const moe::CommandRunner perplexity = moe::AddPerplexityCommand(app);
+  const moe::CommandRunner bench_offline = moe::AddBenchOfflineCommand(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -24,5 +25,6 @@ int main(int argc, char** argv) {
   if (app.got_subcommand("generate")) return generate();
   if (app.got_subcommand("tokenize")) return tokenize();
   if (app.got_subcommand("perplexity")) return perplexity();
+  if (app.got_subcommand("bench-offline")) return bench_offline();
   return 1;
 }

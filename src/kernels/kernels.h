@@ -60,7 +60,15 @@ void Attention(const float* q, const float* k, const float* v, const AttentionPa
 // Causal MLA attention in the absorbed form, over the latent cache: score(t, h, s) =
 // (q_lat[t,h]·c_kv[s] + q_pe[t,h]·k_pe[s]) * scale; out[t,h] = sum_s P(t,h,s) c_kv[s].
 // q_lat: [tokens, heads, kv_lora], q_pe: [tokens, heads, rope], c_kv: [keys, kv_lora],
-// k_pe: [keys, rope], out: [tokens, heads, kv_lora].
+// k_pe: [keys, rope], out: [tokens, heads, kv_lora]. The cache is F32 or BF16 (C16); the
+// arithmetic is F32 either way.
+//
+// The softmax is computed online over blocks of keys; when a block raises the running maximum,
+// the output accumulated so far is rescaled, by AMLA's exponent add (default) or by the plain
+// multiply it replaces. Both give the same result up to float rounding (see
+// cpu/latent_attention.cc); the plain one is the baseline tests and benchmarks compare with.
+enum class SoftmaxRescale { kAmla, kMultiply };
+
 struct LatentAttentionParams {
   int64_t tokens = 0;
   int64_t keys = 0;
@@ -69,8 +77,11 @@ struct LatentAttentionParams {
   int64_t rope = 0;
   int64_t q_offset = 0;
   float scale = 1.0f;
+  SoftmaxRescale rescale = SoftmaxRescale::kAmla;
 };
 void LatentAttention(const float* q_lat, const float* q_pe, const float* c_kv, const float* k_pe,
+                     const LatentAttentionParams& p, float* out);
+void LatentAttention(const float* q_lat, const float* q_pe, const bf16* c_kv, const bf16* k_pe,
                      const LatentAttentionParams& p, float* out);
 
 }  // namespace moe::kernels

@@ -12,18 +12,19 @@ Expected<std::unique_ptr<DeepseekV3Model>> DeepseekV3Model::Load(const std::stri
   MOE_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(dir + "/config.json"));
   MOE_ASSIGN_OR_RETURN(Checkpoint checkpoint, Checkpoint::Open(dir));
   MOE_ASSIGN_OR_RETURN(ModelWeights weights, LoadModelWeights(checkpoint, config, dtype));
-  return std::unique_ptr<DeepseekV3Model>(new DeepseekV3Model(std::move(config), std::move(weights)));
+  return std::unique_ptr<DeepseekV3Model>(new DeepseekV3Model(std::move(config), std::move(weights), dtype));
 }
 
-DeepseekV3Model::DeepseekV3Model(ModelConfig config, ModelWeights weights)
-    : config_(std::move(config)), weights_(std::move(weights)), rope_(BuildRope(config_)) {}
+DeepseekV3Model::DeepseekV3Model(ModelConfig config, ModelWeights weights, DType dtype)
+    : config_(std::move(config)), weights_(std::move(weights)), rope_(BuildRope(config_)),
+      cache_dtype_(KvCacheDType(dtype)) {}
 
 SequenceKvCache DeepseekV3Model::NewCache(int64_t capacity) const {
-  return SequenceKvCache(config_, config_.num_hidden_layers, capacity);
+  return SequenceKvCache(config_, config_.num_hidden_layers, capacity, cache_dtype_);
 }
 
 SequenceKvCache DeepseekV3Model::NewMtpCache(int64_t capacity) const {
-  return SequenceKvCache(config_, has_mtp() ? 1 : 0, capacity);
+  return SequenceKvCache(config_, has_mtp() ? 1 : 0, capacity, cache_dtype_);
 }
 
 Tensor DeepseekV3Model::Embed(const Tensor& table, std::span<const int32_t> tokens) const {
@@ -36,15 +37,15 @@ Tensor DeepseekV3Model::Embed(const Tensor& table, std::span<const int32_t> toke
   return h;
 }
 
-void DeepseekV3Model::Block(const LayerWeights& layer, Tensor& h, int64_t start, LayerKvCache& cache,
-                            AttentionForm form, ExpertBackend& experts) const {
+void DeepseekV3Model::Block(const LayerWeights& layer, Tensor& h, std::span<const MlaSequence> sequences,
+                            LayerKvCache& cache, int64_t block_size, ExpertBackend& experts) const {
   const int64_t tokens = h.dim(0), hidden = config_.hidden_size, n = tokens * hidden;
   const float eps = static_cast<float>(config_.rms_norm_eps);
   std::vector<float> normed(n), delta(n);
   float* x = h.data<float>();
 
   kernels::RmsNorm(x, layer.input_norm.data<float>(), tokens, hidden, eps, normed.data());
-  MlaForward(layer.attention, config_, rope_, normed.data(), tokens, start, cache, form, delta.data());
+  MlaForward(layer.attention, config_, rope_, normed.data(), sequences, cache, block_size, delta.data());
   for (int64_t i = 0; i < n; ++i) x[i] += delta[i];
 
   kernels::RmsNorm(x, layer.post_attention_norm.data<float>(), tokens, hidden, eps, normed.data());
@@ -56,13 +57,42 @@ void DeepseekV3Model::Block(const LayerWeights& layer, Tensor& h, int64_t start,
   for (int64_t i = 0; i < n; ++i) x[i] += delta[i];
 }
 
+PagedKvCache DeepseekV3Model::NewPagedCache(int64_t num_blocks, int64_t block_size) const {
+  return PagedKvCache(config_, config_.num_hidden_layers, num_blocks, block_size, cache_dtype_);
+}
+
+int64_t DeepseekV3Model::LatentCacheBytesPerToken() const {
+  return config_.num_hidden_layers * (config_.kv_lora_rank + config_.qk_rope_head_dim) *
+         static_cast<int64_t>(DTypeSize(cache_dtype_));
+}
+
+Tensor DeepseekV3Model::Forward(std::span<const SequenceChunk> batch, PagedKvCache& cache,
+                                ExpertBackend& experts) const {
+  std::vector<int32_t> tokens;
+  std::vector<MlaSequence> sequences;
+  for (const SequenceChunk& chunk : batch) {
+    tokens.insert(tokens.end(), chunk.tokens.begin(), chunk.tokens.end());
+    const int64_t n = static_cast<int64_t>(chunk.tokens.size());
+    // Many queries amortize expanding the cache; one query is cheapest on the latents themselves.
+    sequences.push_back({n, chunk.start, chunk.block_table, n > 1 ? AttentionForm::kExpanded : AttentionForm::kAbsorbed});
+  }
+  return Run(tokens, sequences, cache, experts);
+}
+
 Tensor DeepseekV3Model::Forward(std::span<const int32_t> tokens, SequenceKvCache& cache, AttentionForm form,
                                 ExpertBackend& experts) const {
+  const MlaSequence sequence{static_cast<int64_t>(tokens.size()), cache.length, SequenceKvCache::kBlockTable, form};
+  Tensor h = Run(tokens, std::span(&sequence, 1), cache, experts);
+  cache.length += static_cast<int64_t>(tokens.size());
+  return h;
+}
+
+Tensor DeepseekV3Model::Run(std::span<const int32_t> tokens, std::span<const MlaSequence> sequences,
+                            PagedKvCache& cache, ExpertBackend& experts) const {
   Tensor h = Embed(weights_.embed, tokens);
   for (size_t i = 0; i < weights_.layers.size(); ++i) {
-    Block(weights_.layers[i], h, cache.length, cache.layers[i], form, experts);
+    Block(weights_.layers[i], h, sequences, cache.layers[i], cache.block_size, experts);
   }
-  cache.length += static_cast<int64_t>(tokens.size());
   kernels::RmsNorm(h.data<float>(), weights_.final_norm.data<float>(), h.dim(0), config_.hidden_size,
                    static_cast<float>(config_.rms_norm_eps), h.data<float>());
   return h;
@@ -94,7 +124,8 @@ Tensor DeepseekV3Model::MtpLogits(const float* main_hidden, std::span<const int3
   Tensor h = Tensor::F32({tokens, hidden});
   kernels::Matmul(joined.data(), tokens, mtp.eh_proj.view(), h.data<float>());
 
-  Block(mtp.block, h, mtp_cache.length, mtp_cache.layers[0], form, experts);
+  const MlaSequence sequence{tokens, mtp_cache.length, SequenceKvCache::kBlockTable, form};
+  Block(mtp.block, h, std::span(&sequence, 1), mtp_cache.layers[0], mtp_cache.block_size, experts);
   mtp_cache.length += tokens;
   kernels::RmsNorm(h.data<float>(), mtp.head_norm.data<float>(), tokens, hidden, eps, h.data<float>());
   Tensor logits = Tensor::F32({tokens, config_.vocab_size});

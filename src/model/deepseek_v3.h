@@ -14,6 +14,14 @@
 
 namespace moe {
 
+// One sequence's share of a batch: its new tokens, the position of the first, and the cache blocks
+// of positions [0, start + tokens.size()).
+struct SequenceChunk {
+  std::span<const int32_t> tokens;
+  int64_t start = 0;
+  std::span<const int32_t> block_table;
+};
+
 class DeepseekV3Model {
  public:
   // Reads config.json and the safetensors of `dir`; `dtype` is the precision of linear layers: kF32, kBF16 or kI8 (A8W8).
@@ -22,8 +30,18 @@ class DeepseekV3Model {
   const ModelConfig& config() const { return config_; }
   bool has_mtp() const { return weights_.mtp.has_value(); }
 
+  // Latent caches in KvCacheDType(run dtype): BF16 for bf16 and w8a8, F32 for f32.
   SequenceKvCache NewCache(int64_t capacity) const;
   SequenceKvCache NewMtpCache(int64_t capacity) const;
+  PagedKvCache NewPagedCache(int64_t num_blocks, int64_t block_size) const;
+  // Latent cache bytes one token takes over all layers.
+  int64_t LatentCacheBytesPerToken() const;
+
+  // Runs a batch of sequences' new tokens (ids < vocab_size, checked by the caller) as one: the
+  // chunks' tokens are the rows of the result, in order. Multi-token chunks attend in the
+  // expanded form, single tokens in the absorbed form. Returns the final hidden states after the
+  // final norm: [total tokens, hidden].
+  Tensor Forward(std::span<const SequenceChunk> batch, PagedKvCache& cache, ExpertBackend& experts) const;
 
   // Runs `tokens` (ids < vocab_size, checked by the caller) at positions cache.length onwards,
   // appends them to the cache and returns their final hidden states after the final norm:
@@ -41,16 +59,20 @@ class DeepseekV3Model {
                    AttentionForm form, ExpertBackend& experts) const;
 
  private:
-  DeepseekV3Model(ModelConfig config, ModelWeights weights);
+  DeepseekV3Model(ModelConfig config, ModelWeights weights, DType dtype);
 
-  // One decoder layer in place on h: [tokens, hidden].
-  void Block(const LayerWeights& layer, Tensor& h, int64_t start, LayerKvCache& cache, AttentionForm form,
+  // Embedding, decoder layers and final norm over a batch of sequences.
+  Tensor Run(std::span<const int32_t> tokens, std::span<const MlaSequence> sequences, PagedKvCache& cache,
              ExpertBackend& experts) const;
+  // One decoder layer in place on h: [tokens, hidden].
+  void Block(const LayerWeights& layer, Tensor& h, std::span<const MlaSequence> sequences, LayerKvCache& cache,
+             int64_t block_size, ExpertBackend& experts) const;
   Tensor Embed(const Tensor& table, std::span<const int32_t> tokens) const;
 
   ModelConfig config_;
   ModelWeights weights_;
   Rope rope_;
+  DType cache_dtype_;  // of the latent caches it makes: KvCacheDType(run dtype)
 };
 
 }  // namespace moe

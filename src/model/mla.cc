@@ -2,7 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
-#include <numeric>
+#include <optional>
 #include <vector>
 
 #include "kernels/kernels.h"
@@ -18,20 +18,73 @@ void CopyColumns(const float* src, int64_t rows, int64_t stride, int64_t col, in
   }
 }
 
+// Rows [0, rows) of a cache tensor in F32: the tensor's own data when it is F32, else a widened
+// copy kept in `widened`.
+const float* CacheRowsF32(const Tensor& t, int64_t rows, std::vector<float>& widened) {
+  if (t.dtype() == DType::kF32) return t.data<float>();
+  const int64_t n = rows * t.dim(1);
+  widened.resize(n);
+  for (int64_t i = 0; i < n; ++i) widened[i] = Bf16ToF32(t.data<bf16>()[i]);
+  return widened.data();
+}
+
+// Stores `rows` rows of F32 values into the cache tensor from row `start`, rounding to its dtype.
+void WriteCacheRows(const float* src, int64_t rows, int64_t start, Tensor& t) {
+  const int64_t width = t.dim(1), n = rows * width;
+  if (t.dtype() == DType::kF32) {
+    std::memcpy(t.data<float>() + start * width, src, n * sizeof(float));
+  } else {
+    bf16* dst = t.data<bf16>() + start * width;
+    for (int64_t i = 0; i < n; ++i) dst[i] = F32ToBf16(src[i]);
+  }
+}
+
+int64_t SlotOf(std::span<const int32_t> block_table, int64_t block_size, int64_t position) {
+  return block_table[position / block_size] * block_size + position % block_size;
+}
+
+// Rows [0, keys) of a sequence as one contiguous cache: the cache itself when its blocks are laid
+// out in order from row 0 (a single-block cache, or a lucky allocation), else a copy gathered
+// block by block into `gathered`.
+const LayerKvCache& ContiguousRows(const LayerKvCache& cache, std::span<const int32_t> block_table,
+                                   int64_t block_size, int64_t keys, std::optional<LayerKvCache>& gathered) {
+  const int64_t blocks = (keys + block_size - 1) / block_size;
+  bool in_order = true;
+  for (int64_t b = 0; b < blocks; ++b) in_order = in_order && block_table[b] == b;
+  if (in_order) return cache;
+  const DType dtype = cache.dtype();
+  const size_t elem = DTypeSize(dtype);
+  gathered.emplace(LayerKvCache{Tensor(dtype, {keys, cache.c_kv.dim(1)}), Tensor(dtype, {keys, cache.k_pe.dim(1)})});
+  for (Tensor LayerKvCache::*part : {&LayerKvCache::c_kv, &LayerKvCache::k_pe}) {
+    const Tensor& from = cache.*part;
+    Tensor& to = (*gathered).*part;
+    const size_t row_bytes = from.dim(1) * elem;
+    for (int64_t b = 0; b < blocks; ++b) {
+      const int64_t count = std::min(block_size, keys - b * block_size);
+      std::memcpy(static_cast<uint8_t*>(to.raw()) + b * block_size * row_bytes,
+                  static_cast<const uint8_t*>(from.raw()) + block_table[b] * block_size * row_bytes, count * row_bytes);
+    }
+  }
+  return *gathered;
+}
+
 // Attention with kv_b applied to every cached latent: q [T, H, nope+rope] -> [T, H, v].
 void ExpandedAttention(const AttentionWeights& w, const ModelConfig& c, const float* q, int64_t tokens,
                        int64_t start, const LayerKvCache& cache, float* out) {
   const int64_t heads = c.num_attention_heads, nope = c.qk_nope_head_dim, rope = c.qk_rope_head_dim;
   const int64_t vdim = c.v_head_dim, keys = start + tokens, qk = nope + rope;
+  std::vector<float> c_kv_storage, k_pe_storage;
+  const float* c_kv = CacheRowsF32(cache.c_kv, keys, c_kv_storage);
+  const float* k_pe = CacheRowsF32(cache.k_pe, keys, k_pe_storage);
   std::vector<float> kv(keys * heads * (nope + vdim));
-  kernels::Matmul(cache.c_kv.data<float>(), keys, w.kv_b.view(), kv.data());
+  kernels::Matmul(c_kv, keys, w.kv_b.view(), kv.data());
   std::vector<float> k(keys * heads * qk), v(keys * heads * vdim);
   for (int64_t s = 0; s < keys; ++s) {
     for (int64_t h = 0; h < heads; ++h) {
       const float* src = kv.data() + (s * heads + h) * (nope + vdim);
       float* kd = k.data() + (s * heads + h) * qk;
       std::memcpy(kd, src, nope * sizeof(float));
-      std::memcpy(kd + nope, cache.k_pe.data<float>() + s * rope, rope * sizeof(float));
+      std::memcpy(kd + nope, k_pe + s * rope, rope * sizeof(float));
       std::memcpy(v.data() + (s * heads + h) * vdim, src + nope, vdim * sizeof(float));
     }
   }
@@ -55,8 +108,13 @@ void AbsorbedAttention(const AttentionWeights& w, const ModelConfig& c, const fl
   std::vector<float> o_lat(tokens * heads * lora);
   kernels::LatentAttentionParams p{tokens, start + tokens, heads, lora, rope, start,
                                    static_cast<float>(c.SoftmaxScale())};
-  kernels::LatentAttention(q_lat.data(), q_pe.data(), cache.c_kv.data<float>(), cache.k_pe.data<float>(), p,
-                           o_lat.data());
+  if (cache.dtype() == DType::kF32) {
+    kernels::LatentAttention(q_lat.data(), q_pe.data(), cache.c_kv.data<float>(), cache.k_pe.data<float>(), p,
+                             o_lat.data());
+  } else {
+    kernels::LatentAttention(q_lat.data(), q_pe.data(), cache.c_kv.data<bf16>(), cache.k_pe.data<bf16>(), p,
+                             o_lat.data());
+  }
   for (int64_t h = 0; h < heads; ++h) {
     CopyColumns(o_lat.data(), tokens, heads * lora, h * lora, lora, head_in.data(), lora);
     kernels::Matmul(head_in.data(), tokens, w.v_absorb[h].view(), head_out.data());
@@ -67,44 +125,73 @@ void AbsorbedAttention(const AttentionWeights& w, const ModelConfig& c, const fl
 }  // namespace
 
 void MlaForward(const AttentionWeights& w, const ModelConfig& c, const Rope& rope, const float* x,
-                int64_t tokens, int64_t start, LayerKvCache& cache, AttentionForm form, float* out) {
-  MOE_CHECK(start + tokens <= cache.c_kv.dim(0), "latent cache overflow: %lld + %lld > %lld",
-            static_cast<long long>(start), static_cast<long long>(tokens),
-            static_cast<long long>(cache.c_kv.dim(0)));
+                std::span<const MlaSequence> sequences, LayerKvCache& cache, int64_t block_size, float* out) {
   const int64_t heads = c.num_attention_heads, qk = c.qk_head_dim(), lora = c.kv_lora_rank;
   const int64_t rope_dim = c.qk_rope_head_dim;
   const float eps = static_cast<float>(c.rms_norm_eps);
-  std::vector<int32_t> positions(tokens);
-  std::iota(positions.begin(), positions.end(), static_cast<int32_t>(start));
+  int64_t rows = 0;
+  std::vector<int32_t> positions;
+  for (const MlaSequence& s : sequences) {
+    MOE_CHECK(static_cast<int64_t>(s.block_table.size()) * block_size >= s.start + s.tokens,
+              "block table of %zu blocks too short for position %lld", s.block_table.size(),
+              static_cast<long long>(s.start + s.tokens));
+    for (int64_t t = 0; t < s.tokens; ++t) positions.push_back(static_cast<int32_t>(s.start + t));
+    rows += s.tokens;
+  }
 
-  std::vector<float> q(tokens * heads * qk);
+  std::vector<float> q(rows * heads * qk);
   if (c.q_lora_rank) {
-    std::vector<float> q_latent(tokens * *c.q_lora_rank);
-    kernels::Matmul(x, tokens, w.q_a.view(), q_latent.data());
-    kernels::RmsNorm(q_latent.data(), w.q_a_norm.data<float>(), tokens, *c.q_lora_rank, eps, q_latent.data());
-    kernels::Matmul(q_latent.data(), tokens, w.q_b.view(), q.data());
+    std::vector<float> q_latent(rows * *c.q_lora_rank);
+    kernels::Matmul(x, rows, w.q_a.view(), q_latent.data());
+    kernels::RmsNorm(q_latent.data(), w.q_a_norm.data<float>(), rows, *c.q_lora_rank, eps, q_latent.data());
+    kernels::Matmul(q_latent.data(), rows, w.q_b.view(), q.data());
   } else {
-    kernels::Matmul(x, tokens, w.q_proj.view(), q.data());
+    kernels::Matmul(x, rows, w.q_proj.view(), q.data());
   }
-  kernels::ApplyRope(q.data() + c.qk_nope_head_dim, tokens, heads, heads * qk, qk, positions.data(),
-                     rope.params());
+  kernels::ApplyRope(q.data() + c.qk_nope_head_dim, rows, heads, heads * qk, qk, positions.data(), rope.params());
 
-  std::vector<float> kv(tokens * (lora + rope_dim));
-  kernels::Matmul(x, tokens, w.kv_a.view(), kv.data());
-  float* c_kv = cache.c_kv.data<float>() + start * lora;
-  float* k_pe = cache.k_pe.data<float>() + start * rope_dim;
-  CopyColumns(kv.data(), tokens, lora + rope_dim, 0, lora, c_kv, lora);
-  CopyColumns(kv.data(), tokens, lora + rope_dim, lora, rope_dim, k_pe, rope_dim);
-  kernels::RmsNorm(c_kv, w.kv_a_norm.data<float>(), tokens, lora, eps, c_kv);
-  kernels::ApplyRope(k_pe, tokens, 1, rope_dim, rope_dim, positions.data(), rope.params());
+  // The new latents, normalized and rotated in F32, then rounded once into the cache.
+  std::vector<float> kv(rows * (lora + rope_dim)), c_kv(rows * lora), k_pe(rows * rope_dim);
+  kernels::Matmul(x, rows, w.kv_a.view(), kv.data());
+  CopyColumns(kv.data(), rows, lora + rope_dim, 0, lora, c_kv.data(), lora);
+  CopyColumns(kv.data(), rows, lora + rope_dim, lora, rope_dim, k_pe.data(), rope_dim);
+  kernels::RmsNorm(c_kv.data(), w.kv_a_norm.data<float>(), rows, lora, eps, c_kv.data());
+  kernels::ApplyRope(k_pe.data(), rows, 1, rope_dim, rope_dim, positions.data(), rope.params());
 
-  std::vector<float> attn(tokens * heads * c.v_head_dim);
-  if (form == AttentionForm::kExpanded) {
-    ExpandedAttention(w, c, q.data(), tokens, start, cache, attn.data());
-  } else {
-    AbsorbedAttention(w, c, q.data(), tokens, start, cache, attn.data());
+  // Every sequence's latents go in before any attention reads: a sequence may read blocks that
+  // another one of the batch fills (a shared prefix computed this step).
+  int64_t row = 0;
+  for (const MlaSequence& s : sequences) {
+    for (int64_t t = 0; t < s.tokens; ++t, ++row) {
+      const int64_t slot = SlotOf(s.block_table, block_size, s.start + t);
+      WriteCacheRows(c_kv.data() + row * lora, 1, slot, cache.c_kv);
+      WriteCacheRows(k_pe.data() + row * rope_dim, 1, slot, cache.k_pe);
+    }
   }
-  kernels::Matmul(attn.data(), tokens, w.o_proj.view(), out);
+
+  std::vector<float> attn(rows * heads * c.v_head_dim);
+  row = 0;
+  for (const MlaSequence& s : sequences) {
+    const int64_t keys = s.start + s.tokens;
+    std::optional<LayerKvCache> gathered;
+    const LayerKvCache& view = ContiguousRows(cache, s.block_table, block_size, keys, gathered);
+    const float* sq = q.data() + row * heads * qk;
+    float* so = attn.data() + row * heads * c.v_head_dim;
+    if (s.form == AttentionForm::kExpanded) {
+      ExpandedAttention(w, c, sq, s.tokens, s.start, view, so);
+    } else {
+      AbsorbedAttention(w, c, sq, s.tokens, s.start, view, so);
+    }
+    row += s.tokens;
+  }
+  kernels::Matmul(attn.data(), rows, w.o_proj.view(), out);
+}
+
+void MlaForward(const AttentionWeights& w, const ModelConfig& c, const Rope& rope, const float* x, int64_t tokens,
+                int64_t start, LayerKvCache& cache, AttentionForm form, float* out) {
+  static constexpr int32_t kOneBlock[1] = {0};
+  const MlaSequence sequence{tokens, start, kOneBlock, form};
+  MlaForward(w, c, rope, x, std::span(&sequence, 1), cache, cache.c_kv.dim(0), out);
 }
 
 }  // namespace moe

@@ -143,18 +143,5 @@ TEST(AttentionTest, MatchesReference) {
   }
 }
 
-TEST(LatentAttentionTest, MatchesReference) {
-  for (int64_t q_offset : {0, 9}) {
-    LatentAttentionParams p{.tokens = 3, .keys = q_offset + 3, .heads = 4, .kv_lora = 33, .rope = 6,
-                            .q_offset = q_offset, .scale = 0.2f};
-    std::vector<float> ql = Random(p.tokens * p.heads * p.kv_lora, 13), qp = Random(p.tokens * p.heads * p.rope, 14);
-    std::vector<float> c = Random(p.keys * p.kv_lora, 15), kp = Random(p.keys * p.rope, 16);
-    std::vector<float> out(p.tokens * p.heads * p.kv_lora), want(out.size());
-    LatentAttention(ql.data(), qp.data(), c.data(), kp.data(), p, out.data());
-    ref::LatentAttention(ql.data(), qp.data(), c.data(), kp.data(), p, want.data());
-    ExpectNear(out, want, 1e-5f);
-  }
-}
-
 }  // namespace
 }  // namespace moe::kernels

@@ -1,6 +1,9 @@
 // The expanded and absorbed forms of MLA are the same function: check it on random weights, for
-// a prefill followed by decode steps, with and without q_lora.
+// a prefill followed by decode steps, with and without q_lora, over an F32 and a BF16 cache.
+#include <cmath>
 #include <random>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -51,33 +54,66 @@ AttentionWeights RandomAttention(const ModelConfig& c, DType dtype, std::mt19937
   return a;
 }
 
-class MlaFormsTest : public testing::TestWithParam<bool> {};
+// The prompt in one call, then one token per call, as prefill and decode do; returns the outputs
+// of all positions.
+std::vector<float> RunSequence(const AttentionWeights& w, const ModelConfig& c, const Tensor& x, int64_t prompt,
+                               DType cache_dtype, AttentionForm form) {
+  const Rope rope = BuildRope(c);
+  const int64_t total = x.dim(0), hidden = c.hidden_size;
+  SequenceKvCache cache(c, 1, total, cache_dtype);
+  std::vector<float> out(total * hidden);
+  MlaForward(w, c, rope, x.data<float>(), prompt, 0, cache.layers[0], form, out.data());
+  for (int64_t t = prompt; t < total; ++t) {
+    MlaForward(w, c, rope, x.data<float>() + t * hidden, 1, t, cache.layers[0], form, out.data() + t * hidden);
+  }
+  return out;
+}
+
+class MlaFormsTest : public testing::TestWithParam<std::tuple<bool, DType>> {};
 
 TEST_P(MlaFormsTest, ExpandedAndAbsorbedAgree) {
-  const ModelConfig c = SmallConfig(GetParam());
+  const auto [q_lora, cache_dtype] = GetParam();
+  const ModelConfig c = SmallConfig(q_lora);
   std::mt19937 rng(42);
   const AttentionWeights w = RandomAttention(c, DType::kF32, rng);
-  const Rope rope = BuildRope(c);
-  const int64_t prompt = 7, steps = 4, total = prompt + steps, hidden = c.hidden_size;
-  const Tensor x = RandomTensor({total, hidden}, rng, 1.0f);
+  const int64_t prompt = 7, total = prompt + 4;
+  const Tensor x = RandomTensor({total, c.hidden_size}, rng, 1.0f);
 
-  std::vector<float> out[2];
-  const AttentionForm forms[2] = {AttentionForm::kExpanded, AttentionForm::kAbsorbed};
-  for (int f = 0; f < 2; ++f) {
-    SequenceKvCache cache(c, 1, total);
-    out[f].resize(total * hidden);
-    // The prompt in one call, then one token per call, as prefill and decode do.
-    MlaForward(w, c, rope, x.data<float>(), prompt, 0, cache.layers[0], forms[f], out[f].data());
-    for (int64_t t = prompt; t < total; ++t) {
-      MlaForward(w, c, rope, x.data<float>() + t * hidden, 1, t, cache.layers[0], forms[f], out[f].data() + t * hidden);
-    }
-  }
-  for (int64_t i = 0; i < total * hidden; ++i) {
-    ASSERT_NEAR(out[0][i], out[1][i], 1e-4f * (1.0f + std::fabs(out[0][i]))) << "at " << i;
+  // Both forms read the same cached values, so the cache dtype does not loosen the agreement.
+  const std::vector<float> expanded = RunSequence(w, c, x, prompt, cache_dtype, AttentionForm::kExpanded);
+  const std::vector<float> absorbed = RunSequence(w, c, x, prompt, cache_dtype, AttentionForm::kAbsorbed);
+  for (size_t i = 0; i < expanded.size(); ++i) {
+    ASSERT_NEAR(expanded[i], absorbed[i], 1e-4f * (1.0f + std::fabs(expanded[i]))) << "at " << i;
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(QLora, MlaFormsTest, testing::Bool());
+INSTANTIATE_TEST_SUITE_P(QLoraAndCache, MlaFormsTest,
+                         testing::Combine(testing::Bool(), testing::Values(DType::kF32, DType::kBF16)),
+                         [](const auto& info) {
+                           return std::string(std::get<0>(info.param) ? "QLora_" : "QProj_") +
+                                  std::string(DTypeName(std::get<1>(info.param))) + "Cache";
+                         });
+
+TEST(MlaCacheTest, Bf16CacheStaysCloseToF32) {
+  const ModelConfig c = SmallConfig(true);
+  std::mt19937 rng(7);
+  const AttentionWeights w = RandomAttention(c, DType::kF32, rng);
+  const int64_t prompt = 7, total = prompt + 4;
+  const Tensor x = RandomTensor({total, c.hidden_size}, rng, 1.0f);
+  for (AttentionForm form : {AttentionForm::kExpanded, AttentionForm::kAbsorbed}) {
+    const std::vector<float> f32 = RunSequence(w, c, x, prompt, DType::kF32, form);
+    const std::vector<float> bf16 = RunSequence(w, c, x, prompt, DType::kBF16, form);
+    // BF16 keeps 8 significant bits: each cached value is off by up to 2^-9 of itself, and the
+    // output, a few layers of sums of such values, by a few times that at most.
+    float scale = 0, max_diff = 0;
+    for (size_t i = 0; i < f32.size(); ++i) {
+      scale = std::max(scale, std::fabs(f32[i]));
+      max_diff = std::max(max_diff, std::fabs(f32[i] - bf16[i]));
+    }
+    EXPECT_LT(max_diff, 2e-2f * scale);
+    EXPECT_GT(max_diff, 0.0f);  // the cache really was rounded
+  }
+}
 
 }  // namespace
 }  // namespace moe

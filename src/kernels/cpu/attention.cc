@@ -1,5 +1,6 @@
-// Attention over a contiguous cache, one (token, head) pair per task: scores, softmax, then the
-// probability-weighted sum of values.
+// Expanded-form attention over a contiguous cache, one (token, head) pair per task: scores,
+// softmax, then the probability-weighted sum of values. (The absorbed form is in
+// latent_attention.cc.)
 #include <algorithm>
 #include <cmath>
 #include <vector>
@@ -51,25 +52,6 @@ void Attention(const float* q, const float* k, const float* v, const AttentionPa
       Softmax(scores.data(), visible);
       WeightedSum(scores.data(), visible, v + h * p.v_dim, p.heads * p.v_dim, p.v_dim,
                   out + task * p.v_dim);
-    }
-  });
-}
-
-void LatentAttention(const float* q_lat, const float* q_pe, const float* c_kv, const float* k_pe,
-                     const LatentAttentionParams& p, float* out) {
-  ParallelFor(p.tokens * p.heads, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores(p.keys);
-    for (int64_t task = begin; task < end; ++task) {
-      const int64_t t = task / p.heads;
-      const int64_t visible = p.q_offset + t + 1;
-      const float* ql = q_lat + task * p.kv_lora;
-      const float* qp = q_pe + task * p.rope;
-      for (int64_t s = 0; s < visible; ++s) {
-        scores[s] = (Dot(ql, c_kv + s * p.kv_lora, p.kv_lora) + Dot(qp, k_pe + s * p.rope, p.rope)) *
-                    p.scale;
-      }
-      Softmax(scores.data(), visible);
-      WeightedSum(scores.data(), visible, c_kv, p.kv_lora, p.kv_lora, out + task * p.kv_lora);
     }
   });
 }

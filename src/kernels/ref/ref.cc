@@ -116,8 +116,14 @@ void Attention(const float* q, const float* k, const float* v, const AttentionPa
   }
 }
 
-void LatentAttention(const float* q_lat, const float* q_pe, const float* c_kv, const float* k_pe,
-                     const LatentAttentionParams& p, float* out) {
+namespace {
+
+float ToFloat(float x) { return x; }
+float ToFloat(bf16 x) { return Bf16ToF32(x); }
+
+template <typename T>
+void LatentAttentionImpl(const float* q_lat, const float* q_pe, const T* c_kv, const T* k_pe,
+                         const LatentAttentionParams& p, float* out) {
   for (int64_t t = 0; t < p.tokens; ++t) {
     const int64_t visible = p.q_offset + t + 1;
     for (int64_t h = 0; h < p.heads; ++h) {
@@ -126,19 +132,31 @@ void LatentAttention(const float* q_lat, const float* q_pe, const float* c_kv, c
       std::vector<double> probs(visible);
       for (int64_t s = 0; s < visible; ++s) {
         double dot = 0;
-        for (int64_t i = 0; i < p.kv_lora; ++i) dot += static_cast<double>(ql[i]) * c_kv[s * p.kv_lora + i];
-        for (int64_t i = 0; i < p.rope; ++i) dot += static_cast<double>(qp[i]) * k_pe[s * p.rope + i];
+        for (int64_t i = 0; i < p.kv_lora; ++i) dot += static_cast<double>(ql[i]) * ToFloat(c_kv[s * p.kv_lora + i]);
+        for (int64_t i = 0; i < p.rope; ++i) dot += static_cast<double>(qp[i]) * ToFloat(k_pe[s * p.rope + i]);
         probs[s] = dot * p.scale;
       }
       SoftmaxInPlace(probs);
       float* o = out + (t * p.heads + h) * p.kv_lora;
       for (int64_t i = 0; i < p.kv_lora; ++i) {
         double acc = 0;
-        for (int64_t s = 0; s < visible; ++s) acc += probs[s] * c_kv[s * p.kv_lora + i];
+        for (int64_t s = 0; s < visible; ++s) acc += probs[s] * ToFloat(c_kv[s * p.kv_lora + i]);
         o[i] = static_cast<float>(acc);
       }
     }
   }
+}
+
+}  // namespace
+
+void LatentAttention(const float* q_lat, const float* q_pe, const float* c_kv, const float* k_pe,
+                     const LatentAttentionParams& p, float* out) {
+  LatentAttentionImpl(q_lat, q_pe, c_kv, k_pe, p, out);
+}
+
+void LatentAttention(const float* q_lat, const float* q_pe, const bf16* c_kv, const bf16* k_pe,
+                     const LatentAttentionParams& p, float* out) {
+  LatentAttentionImpl(q_lat, q_pe, c_kv, k_pe, p, out);
 }
 
 }  // namespace moe::kernels::ref

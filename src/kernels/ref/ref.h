@@ -13,7 +13,10 @@ void SiluMul(const float* gate, const float* up, int64_t n, float* y);
 void ApplyRope(float* x, int64_t tokens, int64_t heads, int64_t token_stride, int64_t head_stride,
                const int32_t* positions, const RopeParams& rope);
 void Attention(const float* q, const float* k, const float* v, const AttentionParams& p, float* out);
+// The softmax is exact (in double) whatever p.rescale says.
 void LatentAttention(const float* q_lat, const float* q_pe, const float* c_kv, const float* k_pe,
+                     const LatentAttentionParams& p, float* out);
+void LatentAttention(const float* q_lat, const float* q_pe, const bf16* c_kv, const bf16* k_pe,
                      const LatentAttentionParams& p, float* out);
 
 }  // namespace moe::kernels::ref

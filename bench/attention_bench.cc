@@ -1,0 +1,78 @@
+// Decode attention in the absorbed MLA form over the latent cache: one token, 16 heads (the bench
+// model's), kv_lora 512 and rope 64 (DeepSeek-V3's), an F32 or a BF16 cache, AMLA or the plain
+// rescale. Each call reads its cache from memory (see cold.h), as a decode step does.
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "base/thread_pool.h"
+#include "bench.h"
+#include "cold.h"
+#include "kernels/cpu/latent_attention.h"
+#include "roofline.h"
+
+namespace moe::bench {
+namespace {
+
+constexpr int64_t kHeads = 16, kLora = 512, kRope = 64;
+
+template <typename T>
+std::vector<T> RandomCache(int64_t n, std::mt19937& rng) {
+  std::normal_distribution<float> dist(0.0f, 1.0f);
+  std::vector<T> v(n);
+  for (T& x : v) {
+    if constexpr (std::is_same_v<T, bf16>) {
+      x = F32ToBf16(dist(rng));
+    } else {
+      x = dist(rng);
+    }
+  }
+  return v;
+}
+
+template <typename T>
+void BM_LatentAttention(benchmark::State& state, kernels::SoftmaxRescale rescale, kernels::cpu::Isa isa) {
+  const int64_t keys = state.range(0);
+  std::mt19937 rng(7);
+  const std::vector<float> q_lat = RandomCache<float>(kHeads * kLora, rng);
+  const std::vector<float> q_pe = RandomCache<float>(kHeads * kRope, rng);
+  Rotation<T> c_kv(RandomCache<T>(keys * kLora, rng)), k_pe(RandomCache<T>(keys * kRope, rng));
+  std::vector<float> out(kHeads * kLora);
+  // The softmax scale of DeepSeek-V3's 192-wide heads.
+  const kernels::LatentAttentionParams p{.tokens = 1, .keys = keys, .heads = kHeads, .kv_lora = kLora, .rope = kRope,
+                                         .q_offset = keys - 1, .scale = 0.072f, .rescale = rescale};
+  const int64_t splits = kernels::cpu::KeySplits(p, DefaultThreadPool().num_threads());
+  const double seconds = FastestIteration(state, [&] {
+    kernels::cpu::LatentAttention(isa, splits, q_lat.data(), q_pe.data(), c_kv.Next(), k_pe.Next(), p, out.data());
+    benchmark::DoNotOptimize(out.data());
+  });
+  // The cache is read once; every head takes a dot product with each row and adds the row to its
+  // output. The arithmetic is F32 whatever the cache holds.
+  const double bytes = static_cast<double>(sizeof(T)) * keys * (kLora + kRope);
+  const double ops = 2.0 * kHeads * keys * (kLora + kRope + kLora);
+  ReportRoofline(state, seconds, bytes, ops, Limits().f32_gflops);
+}
+
+void Register(const std::string& name, void (*fn)(benchmark::State&, kernels::SoftmaxRescale, kernels::cpu::Isa),
+              kernels::SoftmaxRescale rescale, kernels::cpu::Isa isa, std::vector<int64_t> contexts) {
+  auto* b = benchmark::RegisterBenchmark(("LatentAttention/" + name).c_str(), fn, rescale, isa);
+  b->ArgName("keys")->UseRealTime()->MinTime(0.2);
+  for (int64_t keys : contexts) b->Arg(keys);
+}
+
+}  // namespace
+
+void RegisterAttentionBenchmarks() {
+  using kernels::SoftmaxRescale;
+  const kernels::cpu::Isa best = kernels::cpu::BestLatentIsa();
+  Register("bf16_cache/amla", BM_LatentAttention<bf16>, SoftmaxRescale::kAmla, best, {1024, 4096, 16384});
+  Register("bf16_cache/plain", BM_LatentAttention<bf16>, SoftmaxRescale::kMultiply, best, {1024, 4096, 16384});
+  Register("f32_cache/amla", BM_LatentAttention<float>, SoftmaxRescale::kAmla, best, {1024, 4096, 16384});
+  Register("f32_cache/plain", BM_LatentAttention<float>, SoftmaxRescale::kMultiply, best, {1024, 4096, 16384});
+  // The scalar fallback, for scale.
+  Register("bf16_cache/amla/generic", BM_LatentAttention<bf16>, SoftmaxRescale::kAmla, kernels::cpu::Isa::kGeneric,
+           {1024});
+}
+
+}  // namespace moe::bench

@@ -1,0 +1,120 @@
+// kernels::Matmul on the linear layers of DeepSeek-V3 and of the bench model (bench-3b), for
+// decode-sized (M = 1, 8) and prefill-sized (M = 64, 512) batches, in each run dtype.
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "bench.h"
+#include "cold.h"
+#include "kernels/kernels.h"
+#include "roofline.h"
+#include "tensor/tensor.h"
+
+namespace moe::bench {
+namespace {
+
+struct GemmShape {
+  const char* name;
+  int64_t k, n;  // y[m, n] = x[m, k] w[n, k]^T
+};
+
+// Cheap deterministic values in [-1, 1): the lm_head alone has 265M weights.
+float Noise(uint64_t i) {
+  i = (i + 0x9e3779b97f4a7c15ull) * 0xbf58476d1ce4e5b9ull;
+  i ^= i >> 31;
+  return static_cast<float>(static_cast<int64_t>(i >> 40) - (int64_t{1} << 23)) / static_cast<float>(int64_t{1} << 23);
+}
+
+// One weight, in as many copies as ColdCopies asks, kept between the runs of consecutive
+// benchmarks, which share it.
+struct CachedWeight {
+  std::tuple<int64_t, int64_t, DType> key{};
+  std::vector<Tensor> data;
+  Tensor scales;
+  std::vector<kernels::Weight> views;
+};
+
+const std::vector<kernels::Weight>& WeightCopies(const GemmShape& s, DType dtype) {
+  static CachedWeight cached;
+  if (cached.key == std::make_tuple(s.k, s.n, dtype) && !cached.views.empty()) return cached.views;
+  cached = CachedWeight();  // free the previous weight first
+  Tensor first(dtype, {s.n, s.k});
+  const int64_t count = s.n * s.k;
+  for (int64_t i = 0; i < count; ++i) {
+    const float v = Noise(i);
+    switch (dtype) {
+      case DType::kF32: first.data<float>()[i] = v * 0.05f; break;
+      case DType::kBF16: first.data<bf16>()[i] = F32ToBf16(v * 0.05f); break;
+      default: first.data<int8_t>()[i] = static_cast<int8_t>(v * 127.0f); break;
+    }
+  }
+  cached.scales = Tensor::F32({s.n});
+  for (int64_t i = 0; i < s.n; ++i) cached.scales.data<float>()[i] = 0.05f / 127.0f;
+  const int64_t copies = ColdCopies(static_cast<int64_t>(first.nbytes()));
+  for (int64_t c = 1; c < copies; ++c) {
+    Tensor copy(dtype, {s.n, s.k});
+    std::memcpy(copy.raw(), first.raw(), first.nbytes());
+    cached.data.push_back(std::move(copy));
+  }
+  cached.data.push_back(std::move(first));
+  for (const Tensor& t : cached.data) {
+    cached.views.emplace_back(t.view(), dtype == DType::kI8 ? cached.scales.data<float>() : nullptr);
+  }
+  cached.key = {s.k, s.n, dtype};
+  return cached.views;
+}
+
+void BM_Matmul(benchmark::State& state, GemmShape shape, DType dtype) {
+  const int64_t m = state.range(0);
+  const std::vector<kernels::Weight>& weights = WeightCopies(shape, dtype);
+  std::vector<float> x(m * shape.k), y(m * shape.n);
+  for (int64_t i = 0; i < m * shape.k; ++i) x[i] = Noise(i + 12345);
+  size_t next = 0;
+  const double seconds = FastestIteration(state, [&] {
+    kernels::Matmul(x.data(), m, weights[next], y.data());
+    next = (next + 1) % weights.size();
+    benchmark::DoNotOptimize(y.data());
+  });
+  // The weights are read once per call; activations in, results out (both F32 at the interface).
+  const double bytes = static_cast<double>(shape.n * shape.k * DTypeSize(dtype)) + 4.0 * m * (shape.k + shape.n);
+  const double ops = 2.0 * m * shape.n * shape.k;
+  const MachineLimits& limits = Limits();
+  const double peak = dtype == DType::kI8 ? limits.int8_gops : dtype == DType::kBF16 ? limits.bf16_gflops : limits.f32_gflops;
+  ReportRoofline(state, seconds, bytes, ops, peak);
+}
+
+}  // namespace
+
+void RegisterMatmulBenchmarks() {
+  const GemmShape shapes[] = {
+      // bench-3b: hidden 2048, dense intermediate 8192, expert 1024, q_lora 1536, 16 heads.
+      {"bench_dense_up", 2048, 8192},
+      {"bench_expert_up", 2048, 1024},
+      {"bench_expert_down", 1024, 2048},
+      {"bench_q_b", 1536, 16 * 192},
+      {"bench_kv_a", 2048, 512 + 64},
+      // DeepSeek-V3: hidden 7168, expert 2048, 128 heads.
+      {"v3_expert_up", 7168, 2048},
+      {"v3_q_b", 1536, 128 * 192},
+      {"v3_kv_a", 7168, 512 + 64},
+  };
+  const std::pair<DType, const char*> dtypes[] = {{DType::kF32, "f32"}, {DType::kBF16, "bf16"}, {DType::kI8, "i8"}};
+  for (const GemmShape& s : shapes) {
+    for (const auto& [dtype, dtype_name] : dtypes) {
+      const std::string name = std::string("Matmul/") + s.name + "/" + dtype_name;
+      benchmark::RegisterBenchmark(name.c_str(), BM_Matmul, s, dtype)
+          ->ArgName("M")->Arg(1)->Arg(8)->Arg(64)->Arg(512)->UseRealTime()->MinTime(0.05);
+    }
+  }
+  // lm_head: decode only, and not in F32 (1 GiB of weights).
+  const GemmShape lm_head{"bench_lm_head", 2048, 129280};
+  for (const auto& [dtype, dtype_name] : {dtypes[1], dtypes[2]}) {
+    const std::string name = std::string("Matmul/") + lm_head.name + "/" + dtype_name;
+    benchmark::RegisterBenchmark(name.c_str(), BM_Matmul, lm_head, dtype)
+        ->ArgName("M")->Arg(1)->Arg(8)->UseRealTime()->MinTime(0.05);
+  }
+}
+
+}  // namespace moe::bench

@@ -1,0 +1,134 @@
+#include "engine/engine.h"
+
+#include <algorithm>
+#include <cstring>
+
+namespace moe {
+
+int32_t KvBlocksForMemory(const DeepseekV3Model& model, int32_t block_size, int64_t memory_bytes) {
+  const int64_t per_block = model.LatentCacheBytesPerToken() * block_size;
+  return static_cast<int32_t>(std::min<int64_t>(memory_bytes / per_block, INT32_MAX));
+}
+
+Engine::Engine(const DeepseekV3Model& model, ExpertBackend& experts, const EngineConfig& config)
+    : model_(model),
+      experts_(experts),
+      cache_(model.NewPagedCache(KvBlocksForMemory(model, config.block_size, config.kv_cache_memory_bytes),
+                                 config.block_size)),
+      scheduler_(config.scheduler, KvCacheConfig{static_cast<int32_t>(cache_.num_blocks), config.block_size,
+                                                 config.enable_prefix_caching}) {}
+
+Status Engine::AddRequest(EngineRequest request) {
+  const ModelConfig& config = model_.config();
+  const std::string name = "request " + std::to_string(request.id);
+  if (live_.contains(request.id)) return Status::Error(name + ": the id is already in use");
+  if (request.prompt.empty()) return Status::Error(name + ": the prompt is empty");
+  for (size_t i = 0; i < request.prompt.size(); ++i) {
+    const int32_t id = request.prompt[i];
+    if (id < 0 || id >= config.vocab_size) {
+      return Status::Error(name + ": prompt token " + std::to_string(i) + " has id " + std::to_string(id) +
+                           ", outside the vocabulary [0, " + std::to_string(config.vocab_size) + ")");
+    }
+  }
+  if (request.max_tokens < 1) return Status::Error(name + ": max_tokens must be at least 1");
+  const int64_t prompt_tokens = static_cast<int64_t>(request.prompt.size());
+  if (prompt_tokens + request.max_tokens > config.max_position_embeddings) {
+    return Status::Error(name + ": prompt of " + std::to_string(prompt_tokens) + " tokens plus max_tokens " +
+                         std::to_string(request.max_tokens) + " exceeds the model's context of " +
+                         std::to_string(config.max_position_embeddings) + " tokens");
+  }
+  if (!scheduler_.CanFit(prompt_tokens, request.max_tokens)) {
+    return Status::Error(name + ": prompt of " + std::to_string(prompt_tokens) + " tokens plus max_tokens " +
+                         std::to_string(request.max_tokens) + " exceeds the KV cache of " +
+                         std::to_string(kv_capacity_tokens()) + " tokens");
+  }
+  scheduler_.AddRequest(NewRequest{.id = request.id,
+                                   .prompt_token_ids = request.prompt,
+                                   .max_tokens = request.max_tokens,
+                                   .priority = request.priority});
+  const uint64_t seed = request.sampling.seed;
+  const RequestId id = request.id;
+  live_.emplace(id, Live{std::move(request), Sampler(seed)});
+  return Status::Ok();
+}
+
+void Engine::Abort(RequestId id) {
+  if (!scheduler_.Abort(id)) return;
+  live_.erase(id);
+  RequestOutput out;
+  out.id = id;
+  out.finished = true;
+  out.finish_reason = "abort";
+  aborted_.push_back(std::move(out));
+}
+
+bool Engine::Stops(const Live& live, const Request& state, int32_t token) const {
+  const EngineRequest& r = live.request;
+  if (state.num_output_tokens() + 1 < r.min_tokens) return false;
+  if (!r.ignore_eos && r.eos_id && token == *r.eos_id) return true;
+  return std::find(r.stop_token_ids.begin(), r.stop_token_ids.end(), token) != r.stop_token_ids.end();
+}
+
+int32_t Engine::SampleNext(Live& live, const Request& state, float* logits, RequestOutput& out) {
+  const int64_t vocab = model_.config().vocab_size;
+  const EngineRequest& r = live.request;
+  // Log-probs describe the model's own distribution, before penalties reshape it.
+  if (r.logprobs > 0) out.new_logprobs.push_back(TopLogprobs(logits, vocab, r.logprobs));
+  ApplyPenalties(logits, vocab, r.sampling, state.prompt_token_ids(), state.output_token_ids());
+  return live.sampler.Sample(logits, vocab, r.sampling);
+}
+
+std::vector<RequestOutput> Engine::Step() {
+  std::vector<RequestOutput> outputs = std::move(aborted_);
+  aborted_.clear();
+  const SchedulerOutput plan = scheduler_.Schedule();
+  num_preemptions_ += static_cast<int64_t>(plan.preempted_ids.size());
+
+  std::vector<SequenceChunk> chunks;
+  std::vector<int64_t> sample_rows;  // the last row of each chunk that samples
+  std::vector<const ScheduledRequest*> samplers;
+  int64_t rows = 0;
+  for (const ScheduledRequest& s : plan.requests) {
+    chunks.push_back({s.token_ids, s.position, s.block_ids});
+    rows += static_cast<int64_t>(s.token_ids.size());
+    if (s.samples) {
+      sample_rows.push_back(rows - 1);
+      samplers.push_back(&s);
+    }
+  }
+
+  std::vector<RequestStepOutput> step_outputs;
+  if (!chunks.empty()) {
+    const Tensor hidden = model_.Forward(chunks, cache_, experts_);
+    const int64_t width = hidden.dim(1), vocab = model_.config().vocab_size;
+    Tensor last = Tensor::F32({static_cast<int64_t>(sample_rows.size()), width});
+    for (size_t i = 0; i < sample_rows.size(); ++i) {
+      std::memcpy(last.data<float>() + i * width, hidden.data<float>() + sample_rows[i] * width, width * sizeof(float));
+    }
+    Tensor logits = model_.Logits(last.data<float>(), last.dim(0));
+    for (size_t i = 0; i < samplers.size(); ++i) {
+      const RequestId id = samplers[i]->id;
+      const Request& state = *scheduler_.Find(id);
+      Live& live = live_.at(id);
+      RequestOutput out;
+      out.id = id;
+      out.num_prompt_tokens = state.num_prompt_tokens;
+      out.num_cached_tokens = std::max<int64_t>(state.num_cached_tokens, 0);
+      const int32_t token = SampleNext(live, state, logits.data<float>() + i * vocab, out);
+      out.new_token_ids.push_back(token);
+      step_outputs.push_back({.id = id, .sampled_token_ids = {token}, .stopped = Stops(live, state, token)});
+      outputs.push_back(std::move(out));
+    }
+  }
+
+  for (const Request& done : scheduler_.UpdateFromOutput(step_outputs)) {
+    auto it = std::find_if(outputs.begin(), outputs.end(), [&](const RequestOutput& o) { return o.id == done.id; });
+    if (it == outputs.end()) continue;
+    it->finished = true;
+    it->finish_reason = done.status == RequestStatus::kFinishedStopped ? "stop" : "length";
+    live_.erase(done.id);
+  }
+  return outputs;
+}
+
+}  // namespace moe

@@ -1,0 +1,245 @@
+// LatentAttention: every ISA variant the machine runs, F32 and BF16 caches, AMLA and the plain
+// rescale, one key range or several, against kernels/ref and against each other -- on odd sizes,
+// DeepSeek-V3's sizes at a long context, score ranges that force large and clamped rescales, and
+// outputs that stay exactly zero.
+#include <cfloat>
+#include <cmath>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "kernels/cpu/latent_attention.h"
+#include "kernels/kernels.h"
+#include "kernels/ref/ref.h"
+
+namespace moe::kernels {
+namespace {
+
+using cpu::Isa;
+
+std::vector<float> Random(int64_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+std::vector<bf16> ToBf16(const std::vector<float>& v) {
+  std::vector<bf16> out(v.size());
+  for (size_t i = 0; i < v.size(); ++i) out[i] = F32ToBf16(v[i]);
+  return out;
+}
+
+std::vector<Isa> SupportedIsas() {
+  std::vector<Isa> isas;
+  for (Isa isa : {Isa::kGeneric, Isa::kAvx512}) {
+    if (cpu::IsaSupported(isa)) isas.push_back(isa);
+  }
+  return isas;
+}
+
+const char* IsaName(Isa isa) { return isa == Isa::kAvx512 ? "avx512" : "generic"; }
+
+// A problem: queries and an F32 cache (its BF16 twin is the F32 one rounded).
+struct Problem {
+  LatentAttentionParams p;
+  std::vector<float> q_lat, q_pe, c_kv, k_pe;
+};
+
+Problem RandomProblem(LatentAttentionParams p, uint32_t seed) {
+  Problem pr{p, Random(p.tokens * p.heads * p.kv_lora, seed), Random(p.tokens * p.heads * p.rope, seed + 1),
+             Random(p.keys * p.kv_lora, seed + 2), Random(p.keys * p.rope, seed + 3)};
+  return pr;
+}
+
+enum class CacheType { kF32, kBf16 };
+
+std::vector<float> RunKernel(const Problem& pr, CacheType cache, Isa isa, int64_t splits, SoftmaxRescale rescale) {
+  LatentAttentionParams p = pr.p;
+  p.rescale = rescale;
+  std::vector<float> out(p.tokens * p.heads * p.kv_lora);
+  if (cache == CacheType::kF32) {
+    cpu::LatentAttention(isa, splits, pr.q_lat.data(), pr.q_pe.data(), pr.c_kv.data(), pr.k_pe.data(), p, out.data());
+  } else {
+    const std::vector<bf16> c = ToBf16(pr.c_kv), k = ToBf16(pr.k_pe);
+    cpu::LatentAttention(isa, splits, pr.q_lat.data(), pr.q_pe.data(), c.data(), k.data(), p, out.data());
+  }
+  return out;
+}
+
+std::vector<float> RunRef(const Problem& pr, CacheType cache) {
+  std::vector<float> out(pr.p.tokens * pr.p.heads * pr.p.kv_lora);
+  if (cache == CacheType::kF32) {
+    ref::LatentAttention(pr.q_lat.data(), pr.q_pe.data(), pr.c_kv.data(), pr.k_pe.data(), pr.p, out.data());
+  } else {
+    const std::vector<bf16> c = ToBf16(pr.c_kv), k = ToBf16(pr.k_pe);
+    ref::LatentAttention(pr.q_lat.data(), pr.q_pe.data(), c.data(), k.data(), pr.p, out.data());
+  }
+  return out;
+}
+
+// Agreement within kTolerance of the output scale: |got - want| <= kTolerance * max|want|, as
+// each output is an average of cache rows, so its error is on the scale of the rows, not of the
+// (possibly cancelling) average itself. The kernel sums in F32 over up to 4K keys and 576-wide
+// rows, which costs a few 1e-6 (3.5e-6 at most measured: generic ISA, 4K keys); AMLA and the plain
+// rescale differ only in such rounding, so they are held to the same bound.
+constexpr float kTolerance = 1e-5f;
+
+void ExpectClose(const std::vector<float>& got, const std::vector<float>& want, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size());
+  float scale = 0;
+  for (float w : want) scale = std::max(scale, std::fabs(w));
+  for (size_t i = 0; i < got.size(); ++i) {
+    ASSERT_TRUE(std::isfinite(got[i])) << what << " at " << i;
+    ASSERT_NEAR(got[i], want[i], kTolerance * scale) << what << " at " << i;
+  }
+}
+
+// Every variant against ref, and AMLA against the plain rescale.
+void CheckAllVariants(const Problem& pr) {
+  for (CacheType cache : {CacheType::kF32, CacheType::kBf16}) {
+    const std::vector<float> want = RunRef(pr, cache);
+    for (Isa isa : SupportedIsas()) {
+      for (int64_t splits : {int64_t{1}, int64_t{3}}) {
+        const std::string what = std::string(IsaName(isa)) + (cache == CacheType::kF32 ? " f32" : " bf16") +
+                                 " cache, splits " + std::to_string(splits);
+        const std::vector<float> amla = RunKernel(pr, cache, isa, splits, SoftmaxRescale::kAmla);
+        const std::vector<float> plain = RunKernel(pr, cache, isa, splits, SoftmaxRescale::kMultiply);
+        ExpectClose(amla, want, what + ", AMLA vs ref");
+        ExpectClose(plain, want, what + ", plain vs ref");
+        ExpectClose(amla, plain, what + ", AMLA vs plain");
+      }
+    }
+  }
+}
+
+TEST(LatentAttentionTest, OddSizesMatchReference) {
+  // Sizes off the 16-float lanes and the 64-key tiles, several tokens, a prefix before them.
+  for (int64_t q_offset : {0, 9, 130}) {
+    const LatentAttentionParams p{.tokens = 3, .keys = q_offset + 3, .heads = 3, .kv_lora = 33, .rope = 6,
+                                  .q_offset = q_offset, .scale = 0.2f};
+    CheckAllVariants(RandomProblem(p, 13));
+  }
+}
+
+TEST(LatentAttentionTest, PublicEntryPointsMatchReference) {
+  const LatentAttentionParams p{.tokens = 2, .keys = 700, .heads = 5, .kv_lora = 40, .rope = 8,
+                                .q_offset = 698, .scale = 0.15f};
+  const Problem pr = RandomProblem(p, 21);
+  std::vector<float> out(p.tokens * p.heads * p.kv_lora);
+  LatentAttention(pr.q_lat.data(), pr.q_pe.data(), pr.c_kv.data(), pr.k_pe.data(), p, out.data());
+  ExpectClose(out, RunRef(pr, CacheType::kF32), "f32 cache");
+  const std::vector<bf16> c = ToBf16(pr.c_kv), k = ToBf16(pr.k_pe);
+  LatentAttention(pr.q_lat.data(), pr.q_pe.data(), c.data(), k.data(), p, out.data());
+  ExpectClose(out, RunRef(pr, CacheType::kBf16), "bf16 cache");
+}
+
+TEST(LatentAttentionTest, LongContextAtDeepseekSizes) {
+  // One decode token over 4K keys, 16 heads, kv_lora 512, rope 64; the softmax scale of
+  // DeepSeek-V3 (1 / sqrt(192)) on unit-variance data gives scores of a few units.
+  const LatentAttentionParams p{.tokens = 1, .keys = 4096, .heads = 16, .kv_lora = 512, .rope = 64,
+                                .q_offset = 4095, .scale = 0.072f};
+  CheckAllVariants(RandomProblem(p, 31));
+}
+
+TEST(LatentAttentionTest, LargeScoreRanges) {
+  // Scores with a spread of tens to hundreds of units, in random order: the running max jumps by
+  // large steps early on, and most probabilities underflow.
+  const LatentAttentionParams p{.tokens = 2, .keys = 1000, .heads = 4, .kv_lora = 48, .rope = 16,
+                                .q_offset = 998, .scale = 1.0f};
+  for (float spread : {3.0f, 30.0f}) {
+    Problem pr = RandomProblem(p, 41);
+    for (float& x : pr.q_pe) x *= spread;
+    CheckAllVariants(pr);
+  }
+}
+
+TEST(LatentAttentionTest, RisingScoresRescaleEveryTile) {
+  // Score of key s = slope * s: each tile raises the max, by ~9 (mild) or ~460 (clamped) in
+  // base 2, so every tile rescales and, in the steep case, flushes all that came before.
+  const LatentAttentionParams p{.tokens = 1, .keys = 640, .heads = 2, .kv_lora = 32, .rope = 16,
+                                .q_offset = 639, .scale = 1.0f};
+  for (float slope : {0.1f, 5.0f}) {
+    Problem pr = RandomProblem(p, 51);
+    std::fill(pr.q_lat.begin(), pr.q_lat.end(), 0.0f);
+    std::fill(pr.q_pe.begin(), pr.q_pe.end(), 0.0f);
+    pr.q_pe[0] = 1.0f;
+    pr.q_pe[p.rope] = -0.5f;  // the second head's scores fall instead: no rescale at all
+    for (int64_t s = 0; s < p.keys; ++s) pr.k_pe[s * p.rope] = slope * static_cast<float>(s);
+    CheckAllVariants(pr);
+  }
+}
+
+TEST(LatentAttentionTest, ZeroOutputsStayExactlyZero) {
+  // Cache columns that are zero in every row keep a zero accumulator through every rescale: the
+  // exponent add must leave it zero, not turn it into -Inf or a NaN.
+  const LatentAttentionParams p{.tokens = 1, .keys = 900, .heads = 3, .kv_lora = 40, .rope = 8,
+                                .q_offset = 899, .scale = 1.0f};
+  Problem pr = RandomProblem(p, 61);
+  for (float& x : pr.q_pe) x *= 10.0f;  // many rescales
+  for (int64_t s = 0; s < p.keys; ++s) {
+    for (int64_t i : {0, 7, 39}) pr.c_kv[s * p.kv_lora + i] = 0.0f;
+  }
+  for (Isa isa : SupportedIsas()) {
+    for (CacheType cache : {CacheType::kF32, CacheType::kBf16}) {
+      for (int64_t splits : {int64_t{1}, int64_t{4}}) {
+        const std::vector<float> out = RunKernel(pr, cache, isa, splits, SoftmaxRescale::kAmla);
+        for (int64_t h = 0; h < p.heads; ++h) {
+          for (int64_t i : {0, 7, 39}) EXPECT_EQ(out[h * p.kv_lora + i], 0.0f) << IsaName(isa) << " head " << h;
+        }
+      }
+    }
+  }
+  CheckAllVariants(pr);
+}
+
+// --- The ops of each ISA on their own --------------------------------------------------------------
+
+TEST(LatentOpsTest, ScalePow2IsExactWithFlushToZero) {
+  const float denormal = std::numeric_limits<float>::denorm_min() * 12345;
+  const float inf = std::numeric_limits<float>::infinity();
+  std::vector<float> values = {0.0f, -0.0f, 1.0f, -1.0f, 3.5f, -1e-30f, FLT_MIN, -FLT_MIN * 3, denormal,
+                               FLT_MAX, -FLT_MAX, inf, -inf, 6e-37f, 1e20f, -2.5e-20f};
+  while (values.size() < 37) values.push_back(static_cast<float>(values.size()) * -0.37f);  // a masked tail
+  for (Isa isa : SupportedIsas()) {
+    const cpu::LatentOps& ops = isa == Isa::kAvx512 ? cpu::Avx512LatentOps() : cpu::GenericLatentOps();
+    for (int32_t shift : {0, -1, -3, -30, -100, -126, -200, -254, -255}) {
+      std::vector<float> x = values;
+      x.push_back(std::numeric_limits<float>::quiet_NaN());
+      ops.scale_pow2(x.data(), static_cast<int64_t>(x.size()), shift);
+      for (size_t i = 0; i < values.size(); ++i) {
+        const float v = values[i];
+        // The exact product, zero where it falls below the normal range; infinities stay.
+        const double exact = std::ldexp(static_cast<double>(v), shift);
+        const float want = std::isinf(v) ? v : std::fabs(exact) < FLT_MIN ? 0.0f : static_cast<float>(exact);
+        EXPECT_EQ(x[i], want) << IsaName(isa) << ": " << v << " * 2^" << shift;
+      }
+      EXPECT_TRUE(std::isnan(x.back())) << IsaName(isa);
+    }
+  }
+}
+
+TEST(LatentOpsTest, Exp2SumMatchesLibm) {
+  std::vector<float> x(37);
+  for (size_t i = 0; i < x.size(); ++i) x[i] = -150.0f + 4.1f * static_cast<float>(i);  // to +1.7
+  for (Isa isa : SupportedIsas()) {
+    const cpu::LatentOps& ops = isa == Isa::kAvx512 ? cpu::Avx512LatentOps() : cpu::GenericLatentOps();
+    std::vector<float> p = x;
+    const float sum = ops.exp2_sum(p.data(), static_cast<int64_t>(p.size()), 0.5f);
+    double want_sum = 0;
+    for (size_t i = 0; i < x.size(); ++i) {
+      const double want = std::exp2(static_cast<double>(x[i]) - 0.5);
+      want_sum += want;
+      // Two float ulps, and denormal results to their absolute step.
+      EXPECT_NEAR(p[i], want, 2.5e-7 * want + 1.5e-45) << IsaName(isa) << " at x = " << x[i];
+    }
+    EXPECT_NEAR(sum, want_sum, 1e-6 * want_sum) << IsaName(isa);
+  }
+}
+
+}  // namespace
+}  // namespace moe::kernels
