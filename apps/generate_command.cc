@@ -23,7 +23,7 @@ struct GenerateOptions {
   uint64_t seed = 0;
   int64_t logprobs = 0;
   int64_t mtp_logprobs = 0;
-  std::string dtype = "f32";
+  std::string dtype = "w8a8";
   bool json = false;
   bool ignore_eos = false;
 };
@@ -165,7 +165,7 @@ CommandRunner AddGenerateCommand(CLI::App& app) {
   cmd->add_option("--mtp-logprobs", o->mtp_logprobs,
                   "report the top K log-probs of the MTP head at every position whose next token is known")
       ->check(CLI::Range(int64_t{0}, int64_t{1000}));
-  cmd->add_option("--dtype", o->dtype, "precision of linear layers: f32, bf16 or w8a8 (INT8 weights and activations)");
+  cmd->add_option("--dtype", o->dtype, "precision of linear layers: f32, bf16 or w8a8 (INT8 weights and activations)")->capture_default_str();
   cmd->add_flag("--json", o->json, "print one JSON object: prompt_ids, token_ids, text, logprobs");
   cmd->add_flag("--ignore-eos", o->ignore_eos, "keep generating past the end-of-sequence token");
   return [o] { return Run(*o); };

@@ -16,7 +16,7 @@ namespace {
 
 struct PerplexityOptions {
   std::string model = kDefaultModelDir;
-  std::string file, dtype = "f32";
+  std::string file, dtype = "w8a8";
   int64_t window = 256;
   bool json = false;
 };
@@ -68,7 +68,7 @@ CommandRunner AddPerplexityCommand(CLI::App& app) {
   cmd->add_option("--model", o->model, "checkpoint directory")->capture_default_str();
   cmd->add_option("--file", o->file, "UTF-8 text file")->required();
   cmd->add_option("--window", o->window, "tokens per window")->check(CLI::Range(2, 1 << 20));
-  cmd->add_option("--dtype", o->dtype, "precision of linear layers: f32, bf16 or w8a8 (INT8 weights and activations)");
+  cmd->add_option("--dtype", o->dtype, "precision of linear layers: f32, bf16 or w8a8 (INT8 weights and activations)")->capture_default_str();
   cmd->add_flag("--json", o->json, "print {\"perplexity\", \"nll\", \"tokens\", \"windows\"}");
   return [o] { return Run(*o); };
 }
