@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Runs every test: installs dependencies, builds, runs the whole ctest suite, reruns the loader and
-# tokenizer tests under ASan+UBSan, and runs the safetensors header fuzzer for a bounded time.
+# Runs every test: installs dependencies, builds, runs the whole ctest suite, runs the safetensors
+# header fuzzer for a bounded time, and reruns the loader and tokenizer tests under ASan+UBSan.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -11,8 +11,8 @@ cmake -S . -B build -G Ninja -DMOE_WERROR=ON
 cmake --build build -j "$jobs"
 ctest --test-dir build --output-on-failure -j "$jobs"
 
+bash scripts/fuzz.sh 60
+
 cmake -S . -B build-asan -G Ninja -DMOE_WERROR=ON -DMOE_SANITIZE=ON -DCMAKE_BUILD_TYPE=RelWithDebInfo
 cmake --build build-asan -j "$jobs" --target model_loader_test tokenizer_test tokenizer_golden_test
 ctest --test-dir build-asan --output-on-failure -j "$jobs" -L "loader|tokenizer"
-
-bash scripts/fuzz.sh 60
