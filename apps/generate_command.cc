@@ -1,3 +1,4 @@
+#include <fstream>
 #include <iostream>
 #include <memory>
 #include <sstream>
@@ -7,6 +8,7 @@
 #include <spdlog/spdlog.h>
 
 #include "apps/commands.h"
+#include "engine/engine.h"
 #include "engine/generate.h"
 #include "tokenizer/tokenizer.h"
 
@@ -15,7 +17,7 @@ namespace {
 
 struct GenerateOptions {
   std::string model = kDefaultModelDir;
-  std::string prompt, prompt_ids, chat;
+  std::string prompt, prompt_ids, chat, input_file;
   int64_t max_tokens = 64;
   double temperature = 1.0;
   double top_p = 1.0;
@@ -82,11 +84,106 @@ std::string DetokenizeAll(const Tokenizer& tokenizer, const GenerateResult& resu
   return text + detokenizer.Flush();
 }
 
+// One line of a --input-file: {"prompt": TEXT} | {"prompt_ids": [...]} | {"chat": TEXT}, with optional
+// "max_tokens", "temperature" and "seed" overriding the flags.
+Expected<EngineRequest> ParseBatchLine(const std::string& line, const std::string& where, const GenerateOptions& o,
+                                       const Tokenizer& tokenizer) {
+  const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+  if (!j.is_object()) return Status::Error(where + ": not a JSON object");
+  EngineRequest r;
+  r.max_tokens = o.max_tokens;
+  r.sampling = {.temperature = o.temperature, .top_p = o.top_p, .top_k = o.top_k, .seed = o.seed};
+  r.ignore_eos = o.ignore_eos;
+  r.eos_id = tokenizer.eos_id();
+  if (j.contains("prompt_ids") && j["prompt_ids"].is_array()) {
+    for (const auto& id : j["prompt_ids"]) {
+      if (!id.is_number_integer()) return Status::Error(where + ": prompt_ids must hold integers");
+      r.prompt.push_back(id.get<int32_t>());
+    }
+  } else if (j.contains("prompt") && j["prompt"].is_string()) {
+    r.prompt = tokenizer.Encode(j["prompt"].get<std::string>(), tokenizer.add_bos_token());
+  } else if (j.contains("chat") && j["chat"].is_string()) {
+    MOE_ASSIGN_OR_RETURN(std::string text, tokenizer.ApplyChatTemplate({{"user", j["chat"].get<std::string>()}}, true));
+    r.prompt = tokenizer.Encode(text, /*add_bos=*/false);
+  } else {
+    return Status::Error(where + ": needs \"prompt\" (a string), \"prompt_ids\" (a list) or \"chat\" (a string)");
+  }
+  if (j.contains("max_tokens")) {
+    if (!j["max_tokens"].is_number_integer() || j["max_tokens"].get<int64_t>() < 1) {
+      return Status::Error(where + ": max_tokens must be a positive integer");
+    }
+    r.max_tokens = j["max_tokens"].get<int64_t>();
+  }
+  if (j.contains("temperature")) {
+    if (!j["temperature"].is_number() || j["temperature"].get<double>() < 0) {
+      return Status::Error(where + ": temperature must be a non-negative number");
+    }
+    r.sampling.temperature = j["temperature"].get<double>();
+  }
+  if (j.contains("seed")) {
+    if (!j["seed"].is_number_unsigned()) return Status::Error(where + ": seed must be a non-negative integer");
+    r.sampling.seed = j["seed"].get<uint64_t>();
+  }
+  return r;
+}
+
+// --input-file: every line a request, all run together through the batching engine; one JSON line
+// out per line in, in input order.
+int RunBatch(const GenerateOptions& o, DType dtype) {
+  auto tokenizer = Tokenizer::Load(o.model);
+  if (!tokenizer.ok()) return Fail(tokenizer.status());
+  std::ifstream in(o.input_file);
+  if (!in) return Fail(Status::Error(o.input_file + ": cannot open the input file"));
+  std::vector<EngineRequest> requests;
+  std::string line;
+  for (int64_t number = 1; std::getline(in, line); ++number) {
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
+    auto request = ParseBatchLine(line, o.input_file + ":" + std::to_string(number), o, *tokenizer);
+    if (!request.ok()) return Fail(request.status());
+    request->id = static_cast<RequestId>(requests.size());
+    requests.push_back(std::move(request).value());
+  }
+  if (requests.empty()) return Fail(Status::Error(o.input_file + ": no requests"));
+
+  spdlog::info("loading {} ({}); {} requests", o.model, o.dtype, requests.size());
+  auto model = DeepseekV3Model::Load(o.model, dtype);
+  if (!model.ok()) return Fail(model.status());
+  LocalExpertBackend experts;
+  Engine engine(**model, experts, EngineConfig{});
+  for (const EngineRequest& r : requests) {
+    if (Status s = engine.AddRequest(r); !s.ok()) return Fail(s.WithContext(o.input_file));
+  }
+  std::vector<std::vector<int32_t>> tokens(requests.size());
+  std::vector<std::string> reasons(requests.size());
+  while (engine.HasUnfinishedRequests()) {
+    for (const RequestOutput& out : engine.Step()) {
+      tokens[out.id].insert(tokens[out.id].end(), out.new_token_ids.begin(), out.new_token_ids.end());
+      if (out.finished) reasons[out.id] = out.finish_reason;
+    }
+  }
+  for (size_t i = 0; i < requests.size(); ++i) {
+    GenerateResult result;
+    result.tokens = tokens[i];
+    result.finish_reason = reasons[i];
+    const nlohmann::json out = {{"index", i},
+                                {"prompt_ids", requests[i].prompt},
+                                {"token_ids", tokens[i]},
+                                {"text", DetokenizeAll(*tokenizer, result, requests[i].eos_id)},
+                                {"finish_reason", reasons[i]}};
+    std::cout << out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) << "\n";
+  }
+  return 0;
+}
+
 int Run(const GenerateOptions& o) {
-  const int prompts_given = !o.prompt.empty() + !o.prompt_ids.empty() + !o.chat.empty();
-  if (prompts_given != 1) return Fail(Status::Error("give exactly one of --prompt, --prompt-ids and --chat"));
+  const int prompts_given =
+      !o.prompt.empty() + !o.prompt_ids.empty() + !o.chat.empty() + !o.input_file.empty();
+  if (prompts_given != 1) {
+    return Fail(Status::Error("give exactly one of --prompt, --prompt-ids, --chat and --input-file"));
+  }
   auto dtype = ParseDType(o.dtype);
   if (!dtype.ok()) return Fail(dtype.status());
+  if (!o.input_file.empty()) return RunBatch(o, *dtype);
 
   // The tokenizer is needed for text prompts; with --prompt-ids it only renders the output text.
   std::unique_ptr<Tokenizer> tokenizer;
@@ -155,6 +252,9 @@ CommandRunner AddGenerateCommand(CLI::App& app) {
   cmd->add_option("--prompt", o->prompt, "prompt text (BOS added as tokenizer_config.json says)");
   cmd->add_option("--prompt-ids", o->prompt_ids, "prompt token ids, comma-separated, used verbatim");
   cmd->add_option("--chat", o->chat, "a user message, wrapped in the model's chat template");
+  cmd->add_option("--input-file", o->input_file,
+                  "JSONL of requests, run batched: each line {\"prompt\"|\"prompt_ids\"|\"chat\": ..., "
+                  "optional \"max_tokens\", \"temperature\", \"seed\"}; prints one JSON line per request");
   cmd->add_option("--max-tokens", o->max_tokens, "most tokens to generate")->check(CLI::Range(int64_t{1}, int64_t{1} << 30));
   cmd->add_option("--temperature", o->temperature, "0 is greedy")->check(CLI::Range(0.0, 100.0));
   cmd->add_option("--top-p", o->top_p, "nucleus sampling mass")->check(CLI::Range(0.0, 1.0, "(0, 1]"));
