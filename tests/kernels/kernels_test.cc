@@ -7,17 +7,10 @@
 
 #include "kernels/kernels.h"
 #include "kernels/ref/ref.h"
+#include "random_data.h"
 
 namespace moe::kernels {
 namespace {
-
-std::vector<float> Random(int64_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(rng);
-  return v;
-}
 
 void ExpectNear(const std::vector<float>& got, const std::vector<float>& want, float tolerance) {
   ASSERT_EQ(got.size(), want.size());

@@ -14,19 +14,12 @@
 #include "kernels/cpu/latent_attention.h"
 #include "kernels/kernels.h"
 #include "kernels/ref/ref.h"
+#include "random_data.h"
 
 namespace moe::kernels {
 namespace {
 
 using cpu::Isa;
-
-std::vector<float> Random(int64_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> dist(0.0f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = dist(rng);
-  return v;
-}
 
 std::vector<bf16> ToBf16(const std::vector<float>& v) {
   std::vector<bf16> out(v.size());
