@@ -2,6 +2,8 @@
 #pragma once
 
 #include <functional>
+#include <string>
+#include <vector>
 
 #include <CLI/CLI.hpp>
 
@@ -20,6 +22,8 @@ CommandRunner AddGenerateCommand(CLI::App& app);
 CommandRunner AddTokenizeCommand(CLI::App& app);
 CommandRunner AddPerplexityCommand(CLI::App& app);
 CommandRunner AddBenchOfflineCommand(CLI::App& app);
+// `argv` is the whole command line, which serve re-runs for its engine and API-server processes.
+CommandRunner AddServeCommand(CLI::App& app, std::vector<std::string> argv);
 
 // Prints "error: <message>" on stderr and returns the exit code for it.
 int Fail(const Status& status);

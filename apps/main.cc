@@ -2,8 +2,11 @@
 
 #include "apps/commands.h"
 #include "base/log.h"
+#include "base/termination.h"
 
 int main(int argc, char** argv) {
+  // Before any thread starts, so that every thread inherits the mask (see termination.h).
+  moe::BlockTerminationSignals();
   CLI::App app("moe-serve: serves DeepSeek-V3-architecture Mixture-of-Experts models", "moe-serve");
   app.require_subcommand(1);
   bool verbose = false;
@@ -13,6 +16,7 @@ int main(int argc, char** argv) {
   const moe::CommandRunner tokenize = moe::AddTokenizeCommand(app);
   const moe::CommandRunner perplexity = moe::AddPerplexityCommand(app);
   const moe::CommandRunner bench_offline = moe::AddBenchOfflineCommand(app);
+  const moe::CommandRunner serve = moe::AddServeCommand(app, std::vector<std::string>(argv, argv + argc));
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -26,5 +30,6 @@ int main(int argc, char** argv) {
   if (app.got_subcommand("tokenize")) return tokenize();
   if (app.got_subcommand("perplexity")) return perplexity();
   if (app.got_subcommand("bench-offline")) return bench_offline();
+  if (app.got_subcommand("serve")) return serve();
   return 1;
 }

@@ -4,7 +4,7 @@ set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build pkg-config git clang libclang-rt-14-dev
-  libdnnl-dev libopenmpi-dev openmpi-bin libzmq3-dev cppzmq-dev
+  libdnnl-dev libopenmpi-dev openmpi-bin libzmq3-dev cppzmq-dev libcpp-httplib-dev
   nlohmann-json3-dev libpcre2-dev libcli11-dev libspdlog-dev libfmt-dev
   libgtest-dev libgmock-dev libbenchmark-dev
   python3 python3-numpy python3-torch python3-regex

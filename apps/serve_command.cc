@@ -1,0 +1,278 @@
+// serve: the OpenAI-compatible server. The process the user starts supervises the others: one
+// engine core (loads the model, runs the step loop) and N API servers sharing the port. Each is
+// this same binary re-run with --role; they talk over ZeroMQ IPC sockets in a private directory.
+#include <netdb.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <spawn.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <thread>
+
+#include <spdlog/spdlog.h>
+
+#include "apps/commands.h"
+#include "base/termination.h"
+#include "engine/engine.h"
+#include "engine/expert_load.h"
+#include "server/api_server.h"
+#include "server/engine_core.h"
+#include "tokenizer/tokenizer.h"
+
+extern char** environ;
+
+namespace moe {
+namespace {
+
+struct ServeOptions {
+  std::string model = kDefaultModelDir;
+  std::string served_model_name;  // default: the model directory's name
+  std::string dtype = "w8a8";
+  int api_servers = 1;
+  ApiServerOptions api;
+  int64_t max_num_seqs = 64;
+  int64_t max_num_batched_tokens = 2048;
+  double kv_cache_gib = 1.0;
+  int32_t block_size = 16;
+  int64_t max_waiting = 1024;
+  double shutdown_grace_s = 30;
+  double engine_timeout_s = 60;
+  // Internal: which process this is, and where the IPC sockets live.
+  std::string role;
+  std::string ipc_dir;
+};
+
+std::string ServedModelName(const ServeOptions& o) {
+  if (!o.served_model_name.empty()) return o.served_model_name;
+  return std::filesystem::path(o.model).lexically_normal().filename().string();
+}
+
+// Children end with the supervisor, even when it is killed without a chance to stop them.
+void DieWithParent() { prctl(PR_SET_PDEATHSIG, SIGTERM); }
+
+int RunEngineRole(const ServeOptions& o) {
+  DieWithParent();
+  std::atomic<bool> stop{false};
+  std::thread waiter([&] {
+    while (WaitForTermination(std::chrono::milliseconds(200)) == 0 && !stop.load()) {
+    }
+    stop = true;
+  });
+  auto finish = [&](int code) {
+    stop = true;
+    waiter.join();
+    return code;
+  };
+  auto dtype = ParseDType(o.dtype);
+  if (!dtype.ok()) return finish(Fail(dtype.status()));
+  auto model = DeepseekV3Model::Load(o.model, *dtype);
+  if (!model.ok()) return finish(Fail(model.status()));
+  EngineConfig config;
+  config.block_size = o.block_size;
+  config.kv_cache_memory_bytes = static_cast<int64_t>(o.kv_cache_gib * (1 << 30));
+  config.scheduler.max_num_seqs = o.max_num_seqs;
+  config.scheduler.max_num_batched_tokens = o.max_num_batched_tokens;
+  LocalExpertBackend local;
+  ExpertLoadCounter experts(local, (*model)->config().first_k_dense_replace);
+  Engine engine(**model, experts, config);
+  spdlog::info("engine: KV cache holds {} tokens", engine.kv_capacity_tokens());
+  EngineCoreOptions core;
+  core.endpoints = IpcEndpoints(o.ipc_dir);
+  core.info = {ServedModelName(o), (*model)->config().max_position_embeddings,
+               static_cast<int32_t>((*model)->config().vocab_size),
+               engine.kv_capacity_tokens()};
+  core.max_waiting = o.max_waiting;
+  // Tells the supervisor that start-up is over: from now on, an exit is a failure at run time.
+  std::ofstream(o.ipc_dir + "/engine-ready").put('\n');
+  const Status status = RunEngineCore(engine, experts, core, stop);
+  return finish(status.ok() ? 0 : Fail(status));
+}
+
+int RunApiRole(ServeOptions o) {
+  DieWithParent();
+  auto tokenizer = Tokenizer::Load(o.model);
+  if (!tokenizer.ok()) return Fail(tokenizer.status());
+  o.api.served_model = ServedModelName(o);
+  o.api.shutdown_grace = std::chrono::milliseconds(static_cast<int64_t>(o.shutdown_grace_s * 1000));
+  EngineClient engine(IpcEndpoints(o.ipc_dir), "api-" + std::to_string(getpid()),
+                      std::chrono::milliseconds(static_cast<int64_t>(o.engine_timeout_s * 1000)));
+  const Status status = RunApiServer(*tokenizer, engine, o.api);
+  return status.ok() ? 0 : Fail(status);
+}
+
+// The API servers bind the port themselves; trying it first turns "address in use" into one clear
+// error instead of API servers failing one after another.
+Status CheckCanListen(const std::string& host, int port) {
+  const std::string where = host + ":" + std::to_string(port);
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  if (getaddrinfo(host.c_str(), std::to_string(port).c_str(), &hints, &found) != 0 || found == nullptr) {
+    return Status::Error("--host: cannot resolve '" + host + "'");
+  }
+  const int fd = socket(found->ai_family, found->ai_socktype, found->ai_protocol);
+  const int yes = 1;
+  setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  setsockopt(fd, SOL_SOCKET, SO_REUSEPORT, &yes, sizeof(yes));
+  const bool bound = fd >= 0 && bind(fd, found->ai_addr, found->ai_addrlen) == 0 && listen(fd, 1) == 0;
+  const int error = errno;
+  if (fd >= 0) close(fd);
+  freeaddrinfo(found);
+  if (!bound) return Status::Error("cannot listen on " + where + ": " + std::strerror(error));
+  return Status::Ok();
+}
+
+class Supervisor {
+ public:
+  Supervisor(const ServeOptions& o, std::vector<std::string> argv) : options_(o), argv_(std::move(argv)) {}
+
+  int Run() {
+    char pattern[] = "/tmp/moe-serve-XXXXXX";
+    if (!mkdtemp(pattern)) return Fail(Status::Error("cannot create a directory for the IPC sockets in /tmp"));
+    ipc_dir_ = pattern;
+    engine_pid_ = Spawn("engine");
+    for (int i = 0; i < options_.api_servers; ++i) SpawnApiServer();
+    spdlog::info("serving {} on http://{}:{} with {} API server(s)", ServedModelName(options_), options_.api.host,
+                 options_.api.port, options_.api_servers);
+    while (failure_.empty() && WaitForTermination(std::chrono::milliseconds(200)) == 0) Reap();
+    Shutdown();
+    std::filesystem::remove_all(ipc_dir_);
+    if (!failure_.empty()) return Fail(Status::Error(failure_));
+    return 0;
+  }
+
+ private:
+  pid_t Spawn(const std::string& role) {
+    std::vector<std::string> args = argv_;
+    args.insert(args.end(), {"--role", role, "--ipc-dir", ipc_dir_});
+    std::vector<char*> c_args;
+    for (std::string& a : args) c_args.push_back(a.data());
+    c_args.push_back(nullptr);
+    pid_t pid = -1;
+    if (posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, c_args.data(), environ) != 0) {
+      spdlog::error("cannot start the {} process", role);
+      return -1;
+    }
+    return pid;
+  }
+
+  void SpawnApiServer() {
+    const pid_t pid = Spawn("api");
+    if (pid > 0) api_pids_[pid] = std::chrono::steady_clock::now();
+  }
+
+  // An API server that died is replaced: the others kept serving meanwhile. The engine is not:
+  // the API servers answer 503 until the instance is restarted (see the README).
+  void Reap() {
+    int status;
+    pid_t pid;
+    while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+      const std::string how = WIFSIGNALED(status) ? "was killed by signal " + std::to_string(WTERMSIG(status))
+                                                  : "exited with status " + std::to_string(WEXITSTATUS(status));
+      if (pid == engine_pid_) {
+        engine_pid_ = -1;
+        if (!std::filesystem::exists(ipc_dir_ + "/engine-ready")) {
+          failure_ = "the engine process " + how + " while starting (its error is above)";
+        } else {
+          spdlog::error("the engine process {}; the API servers answer 503 until the server is restarted", how);
+        }
+      } else if (auto it = api_pids_.find(pid); it != api_pids_.end()) {
+        // One that dies right after starting would only die again: a start-up error, not a crash.
+        if (std::chrono::steady_clock::now() - it->second < std::chrono::seconds(2)) {
+          failure_ = "an API server " + how + " right after starting (its error is above)";
+        } else {
+          spdlog::error("API server {} {}; starting a new one", pid, how);
+          SpawnApiServer();
+        }
+        api_pids_.erase(it);
+      }
+    }
+  }
+
+  // API servers first, so that they drain their requests while the engine still runs.
+  void Shutdown() {
+    spdlog::info("shutting down");
+    for (const auto& [pid, started] : api_pids_) kill(pid, SIGTERM);
+    const auto grace = std::chrono::milliseconds(static_cast<int64_t>(options_.shutdown_grace_s * 1000));
+    for (const auto& [pid, started] : api_pids_) WaitOrKill(pid, grace + std::chrono::seconds(5));
+    if (engine_pid_ > 0) {
+      kill(engine_pid_, SIGTERM);
+      WaitOrKill(engine_pid_, std::chrono::seconds(10));
+    }
+  }
+
+  static void WaitOrKill(pid_t pid, std::chrono::milliseconds timeout) {
+    const auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (waitpid(pid, nullptr, WNOHANG) != 0) return;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    spdlog::warn("process {} did not stop in time; killing it", pid);
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+  }
+
+  const ServeOptions& options_;
+  const std::vector<std::string> argv_;
+  std::string ipc_dir_;
+  pid_t engine_pid_ = -1;
+  std::map<pid_t, std::chrono::steady_clock::time_point> api_pids_;  // and when each started
+  std::string failure_;  // set when the server cannot go on
+};
+
+}  // namespace
+
+CommandRunner AddServeCommand(CLI::App& app, std::vector<std::string> argv) {
+  auto o = std::make_shared<ServeOptions>();
+  CLI::App* cmd = app.add_subcommand("serve", "OpenAI-compatible HTTP server (/v1/completions, /v1/chat/completions)");
+  cmd->add_option("--model", o->model, "model directory")->capture_default_str();
+  cmd->add_option("--served-model-name", o->served_model_name, "the model name clients use (default: the directory's name)");
+  cmd->add_option("--dtype", o->dtype, "f32, bf16 or w8a8")->capture_default_str();
+  cmd->add_option("--host", o->api.host, "address to listen on")->capture_default_str();
+  cmd->add_option("--port", o->api.port, "port to listen on")->capture_default_str()->check(CLI::Range(1, 65535));
+  cmd->add_option("--api-servers", o->api_servers, "API-server processes sharing the port")
+      ->capture_default_str()->check(CLI::Range(1, 64));
+  cmd->add_option("--api-key", o->api.api_key, "require 'Authorization: Bearer KEY' on /v1 and /metrics");
+  cmd->add_option("--max-num-seqs", o->max_num_seqs, "requests in the running batch")->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--max-num-batched-tokens", o->max_num_batched_tokens, "tokens per engine step")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--kv-cache-memory", o->kv_cache_gib, "GiB of latent KV cache")->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--block-size", o->block_size, "tokens per KV-cache block")->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--max-waiting", o->max_waiting, "waiting requests beyond which new ones get 429")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--max-body-bytes", o->api.max_body_bytes, "largest request body (413 beyond)")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--max-n", o->api.max_n, "largest n (choices per request)")->capture_default_str()
+      ->check(CLI::PositiveNumber);
+  cmd->add_option("--shutdown-grace", o->shutdown_grace_s, "seconds in-flight requests get after SIGTERM")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
+  cmd->add_option("--engine-timeout", o->engine_timeout_s,
+                  "seconds of engine silence after which it counts as gone (503)")
+      ->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--role", o->role)->group("")->check(CLI::IsMember({"engine", "api"}));
+  cmd->add_option("--ipc-dir", o->ipc_dir)->group("");
+  return [o, argv = std::move(argv)] {
+    if (o->role == "engine") return RunEngineRole(*o);
+    if (o->role == "api") return RunApiRole(*o);
+    if (!std::filesystem::is_directory(o->model)) {
+      return Fail(Status::Error("--model: '" + o->model + "' is not a directory"));
+    }
+    if (auto dtype = ParseDType(o->dtype); !dtype.ok()) return Fail(dtype.status());
+    if (Status s = CheckCanListen(o->api.host, o->api.port); !s.ok()) return Fail(s);
+    Supervisor supervisor(*o, argv);
+    return supervisor.Run();
+  };
+}
+
+}  // namespace moe
