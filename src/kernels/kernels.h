@@ -20,6 +20,18 @@ struct Weight {
 // activations quantized per row by QuantizeRows (A8W8), accumulate in INT32 and scale in FP32.
 void Matmul(const float* x, int64_t m, const Weight& w, float* y);
 
+// Matmul of I8 weights with activations QuantizeRows already made (e.g. on another rank): the
+// same result as Matmul of the rows they came from.
+void MatmulQuantized(const int8_t* x, const float* x_scales, int64_t m, const Weight& w, float* y);
+
+// Matmul whose rows are independent of each other to the bit: each y[r, j] sums its k products in
+// one fixed order, whatever m, the row's place in the batch or the thread count (oneDNN orders
+// its F32 and BF16 sums differently for different m). For the GEMMs outside W8A8's exact INT8
+// path -- the router and lm_head -- so that a request's logits do not depend on its batch. F32 or
+// BF16 weights (activations rounded to BF16, as Matmul does); I8 weights go to Matmul, already
+// exact. Its oracle is ref::Matmul.
+void BatchInvariantMatmul(const float* x, int64_t m, const Weight& w, float* y);
+
 // Symmetric per-row INT8 quantization: scales[r] = max|x[r]| / 127 and q = round(x / scales[r]),
 // halves to even. An all-zero row gets scale 0 and zeros.
 void QuantizeRows(const float* x, int64_t rows, int64_t cols, int8_t* q, float* scales);
@@ -67,6 +79,8 @@ void Attention(const float* q, const float* k, const float* v, const AttentionPa
 // the output accumulated so far is rescaled, by AMLA's exponent add (default) or by the plain
 // multiply it replaces. Both give the same result up to float rounding (see
 // cpu/latent_attention.cc); the plain one is the baseline tests and benchmarks compare with.
+// A token's output is the same bits whatever other tokens the call holds and whatever the thread
+// count: it depends only on its query, its position and the cache rows it sees.
 enum class SoftmaxRescale { kAmla, kMultiply };
 
 struct LatentAttentionParams {

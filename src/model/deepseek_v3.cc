@@ -72,9 +72,13 @@ Tensor DeepseekV3Model::Forward(std::span<const SequenceChunk> batch, PagedKvCac
   std::vector<MlaSequence> sequences;
   for (const SequenceChunk& chunk : batch) {
     tokens.insert(tokens.end(), chunk.tokens.begin(), chunk.tokens.end());
-    const int64_t n = static_cast<int64_t>(chunk.tokens.size());
-    // Many queries amortize expanding the cache; one query is cheapest on the latents themselves.
-    sequences.push_back({n, chunk.start, chunk.block_table, n > 1 ? AttentionForm::kExpanded : AttentionForm::kAbsorbed});
+    // Absorbed for every token, prompt or not: a position's result must not depend on how it was
+    // batched, and the same position may come in a long chunk, a one-token chunk (chunked prefill,
+    // a recompute after preemption, a prefix-cache hit that leaves one token) or a decode step;
+    // the two forms agree only up to float rounding, which INT8 quantization downstream can turn
+    // into different tokens.
+    sequences.push_back({static_cast<int64_t>(chunk.tokens.size()), chunk.start, chunk.block_table,
+                         AttentionForm::kAbsorbed});
   }
   return Run(tokens, sequences, cache, experts);
 }
@@ -100,7 +104,8 @@ Tensor DeepseekV3Model::Run(std::span<const int32_t> tokens, std::span<const Mla
 
 Tensor DeepseekV3Model::Logits(const float* hidden, int64_t rows) const {
   Tensor logits = Tensor::F32({rows, config_.vocab_size});
-  kernels::Matmul(hidden, rows, weights_.lm_head.view(), logits.data<float>());
+  // Not INT8 (see weights.cc), so summed in an order that does not depend on the batch.
+  kernels::BatchInvariantMatmul(hidden, rows, weights_.lm_head.view(), logits.data<float>());
   return logits;
 }
 
@@ -129,7 +134,7 @@ Tensor DeepseekV3Model::MtpLogits(const float* main_hidden, std::span<const int3
   mtp_cache.length += tokens;
   kernels::RmsNorm(h.data<float>(), mtp.head_norm.data<float>(), tokens, hidden, eps, h.data<float>());
   Tensor logits = Tensor::F32({tokens, config_.vocab_size});
-  kernels::Matmul(h.data<float>(), tokens, mtp.head.view(), logits.data<float>());
+  kernels::BatchInvariantMatmul(h.data<float>(), tokens, mtp.head.view(), logits.data<float>());
   return logits;
 }
 

@@ -38,9 +38,12 @@ class DeepseekV3Model {
   int64_t LatentCacheBytesPerToken() const;
 
   // Runs a batch of sequences' new tokens (ids < vocab_size, checked by the caller) as one: the
-  // chunks' tokens are the rows of the result, in order. Multi-token chunks attend in the
-  // expanded form, single tokens in the absorbed form. Returns the final hidden states after the
-  // final norm: [total tokens, hidden].
+  // chunks' tokens are the rows of the result, in order. Every token attends in the absorbed form,
+  // whatever its chunk's size. Under W8A8 a token's result is then the same bits however the batch
+  // is made up and its sequence chunked: every op computes a row from that row alone, INT8 GEMMs
+  // sum exactly and the F32/BF16 ones (router, lm_head) in a fixed order. (Under F32 and BF16,
+  // oneDNN's GEMMs may order a row's sums by the batch's size.) Returns the final hidden states
+  // after the final norm: [total tokens, hidden].
   Tensor Forward(std::span<const SequenceChunk> batch, PagedKvCache& cache, ExpertBackend& experts) const;
 
   // Runs `tokens` (ids < vocab_size, checked by the caller) at positions cache.length onwards,

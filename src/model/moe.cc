@@ -109,7 +109,8 @@ void MoeForward(const MoeWeights& w, const ModelConfig& c, ExpertBackend& expert
                 int64_t tokens, float* out) {
   const int64_t hidden = c.hidden_size, k = c.num_experts_per_tok;
   std::vector<float> logits(tokens * c.n_routed_experts);
-  kernels::Matmul(x, tokens, w.router.view(), logits.data());
+  // F32, in an order that does not depend on the batch: a token's experts must not either.
+  kernels::BatchInvariantMatmul(x, tokens, w.router.view(), logits.data());
   std::vector<int32_t> ids(tokens * k);
   std::vector<float> weights(tokens * k);
   Route(c, logits.data(), w.score_bias.empty() ? nullptr : w.score_bias.data<float>(), tokens, ids.data(),

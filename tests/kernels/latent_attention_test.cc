@@ -2,6 +2,7 @@
 // rescale, one key range or several, against kernels/ref and against each other -- on odd sizes,
 // DeepSeek-V3's sizes at a long context, score ranges that force large and clamped rescales, and
 // outputs that stay exactly zero.
+#include <algorithm>
 #include <cfloat>
 #include <cmath>
 #include <limits>
@@ -188,6 +189,47 @@ TEST(LatentAttentionTest, ZeroOutputsStayExactlyZero) {
     }
   }
   CheckAllVariants(pr);
+}
+
+TEST(LatentAttentionTest, TokensDoNotDependOnTheirBatch) {
+  // A token's output is the same bits whether it runs alone (decode), inside a chunk of any size
+  // and offset (prefill), with the work split over tokens or over key ranges: where its keys are
+  // cut depends only on how many it sees. Lengths from one range to kMaxKeyRanges of them.
+  const int64_t keys = 4700;
+  LatentAttentionParams all{.tokens = keys, .keys = keys, .heads = 3, .kv_lora = 40, .rope = 8,
+                            .q_offset = 0, .scale = 0.3f};
+  const Problem pr = RandomProblem(all, 71);
+  const std::vector<bf16> c = ToBf16(pr.c_kv), k = ToBf16(pr.k_pe);
+  const int64_t row = all.heads * all.kv_lora;
+  // Rows [first, first + tokens) of the queries as one call.
+  auto run = [&](Isa isa, int64_t splits, int64_t first, int64_t tokens) {
+    LatentAttentionParams p = all;
+    p.tokens = tokens;
+    p.q_offset = first;
+    std::vector<float> out(tokens * row);
+    cpu::LatentAttention(isa, splits, pr.q_lat.data() + first * all.heads * all.kv_lora,
+                         pr.q_pe.data() + first * all.heads * all.rope, c.data(), k.data(), p, out.data());
+    return out;
+  };
+  for (Isa isa : SupportedIsas()) {
+    for (int64_t position : {0, 255, 300, 511, 512, 700, 1023, 2000, 4095, 4096, 4699}) {
+      const std::vector<float> alone = run(isa, 1, position, 1);
+      for (int64_t splits : {int64_t{2}, int64_t{16}}) {
+        EXPECT_EQ(run(isa, splits, position, 1), alone) << IsaName(isa) << " position " << position << " splits " << splits;
+      }
+      for (int64_t before : {int64_t{1}, int64_t{5}, int64_t{17}}) {
+        const int64_t first = std::max<int64_t>(0, position - before);
+        const int64_t tokens = std::min(keys - first, position - first + 2);
+        for (int64_t splits : {int64_t{1}, int64_t{4}}) {
+          const std::vector<float> chunk = run(isa, splits, first, tokens);
+          const std::vector<float> mine(chunk.begin() + (position - first) * row,
+                                        chunk.begin() + (position - first + 1) * row);
+          EXPECT_EQ(mine, alone) << IsaName(isa) << " position " << position << " in a chunk from " << first
+                                 << " of " << tokens << ", splits " << splits;
+        }
+      }
+    }
+  }
 }
 
 // --- The ops of each ISA on their own --------------------------------------------------------------

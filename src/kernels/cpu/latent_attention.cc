@@ -5,9 +5,13 @@
 // multi-query attention over [c_kv, k_pe]), so the kernel walks the cache once per token, in tiles
 // of kBlock keys: a tile is widened to F32 once for all heads (this is where a BF16 cache is
 // converted), then every head takes its scores against the tile and adds its probability-weighted
-// rows to its output. Parallel work is split over tokens and, when there are fewer tokens than
-// threads (decode), over contiguous ranges of keys, each with its own softmax state, merged at the
-// end. Splitting over heads instead would make every thread stream the whole cache from memory.
+// rows to its output. A token's keys are cut into contiguous ranges, each with its own softmax
+// state, merged at the end; how many and where depends only on how many keys the token sees, so a
+// token's result is the same bits whether it comes alone (decode), in a prompt chunk of any size
+// or with any thread count. Parallel work is split over tokens, a token's ranges then running one
+// after the other in its task, or, when there are fewer tokens than threads (decode), over
+// (token, range) pairs; the arithmetic is the same either way. Splitting over heads instead would
+// make every thread stream the whole cache from memory.
 //
 // Online softmax in base 2. A score s is taken as x = s * log2(e) (folded into the query), so that
 // softmax_j = 2^(x_j - m) / sum_i 2^(x_i - m) for any reference m. Each head keeps m, the sum
@@ -56,7 +60,8 @@ namespace moe::kernels::cpu {
 namespace {
 
 constexpr int64_t kBlock = 64;          // keys per tile: 64 x 576 F32 = 144 KiB, resident in L2
-constexpr int64_t kMinSplitKeys = 256;  // a key range shorter than this is not worth a thread
+constexpr int64_t kMinRangeKeys = 256;  // a key range shorter than this is not worth its merge
+constexpr int64_t kMaxKeyRanges = 16;   // enough ranges for 16 threads on one decode token
 constexpr int32_t kMinShift = -255;     // 2^-255 flushes every finite float to zero
 
 int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
@@ -153,11 +158,11 @@ void Rescale(const LatentOps& ops, SoftmaxRescale how, float from, float to, flo
 
 // One token's heads over cache rows [begin, end). q: [heads, dim], the padded query already
 // scaled by scale * log2(e); o: [heads, lora], zeroed; state: [heads], fresh.
+// tile: [kBlock, layout.dim] F32 whose padding columns are zero; scores: [heads, kBlock].
 template <typename T>
 void AttendRange(const LatentOps& ops, const LatentAttentionParams& p, const RowLayout& layout, const float* q,
-                 const T* c_kv, const T* k_pe, int64_t begin, int64_t end, float* o, HeadState* state) {
-  Tensor tile = Tensor::F32({kBlock, layout.dim});  // zeroed, so the padding stays zero
-  std::vector<float> scores(p.heads * kBlock);
+                 const T* c_kv, const T* k_pe, int64_t begin, int64_t end, float* o, HeadState* state,
+                 Tensor& tile, std::vector<float>& scores) {
   for (int64_t first = begin; first < end; first += kBlock) {
     const int64_t count = std::min(kBlock, end - first);
     for (int64_t j = 0; j < count; ++j) {
@@ -192,71 +197,123 @@ void AttendRange(const LatentOps& ops, const LatentAttentionParams& p, const Row
   }
 }
 
+// Where a token that sees `visible` keys cuts them: ranges of `size` keys (a multiple of kBlock),
+// `count` of them, none empty. A function of `visible` alone.
+struct KeyRanges {
+  explicit KeyRanges(int64_t visible) {
+    const int64_t wanted = std::clamp<int64_t>(visible / kMinRangeKeys, 1, kMaxKeyRanges);
+    size = RoundUp(CeilDiv(visible, wanted), kBlock);
+    count = CeilDiv(visible, size);
+  }
+  int64_t size;
+  int64_t count;
+};
+
+// A thread's buffers: the query of the token at hand, a tile of keys in F32, the tile's scores.
+struct Scratch {
+  Scratch(const LatentAttentionParams& p, const RowLayout& layout)
+      : q(Tensor::F32({p.heads, layout.dim})), tile(Tensor::F32({kBlock, layout.dim})), scores(p.heads * kBlock) {}
+  Tensor q;     // the padded query, scaled by scale * log2(e)
+  Tensor tile;  // zeroed once, so the padding stays zero
+  std::vector<float> scores;
+};
+
+void PrepareQuery(const LatentAttentionParams& p, const RowLayout& layout, const float* q_lat, const float* q_pe,
+                  int64_t t, float* q) {
+  const float q_scale = p.scale * std::numbers::log2e_v<float>;
+  for (int64_t h = 0; h < p.heads; ++h) {
+    const float* ql = q_lat + (t * p.heads + h) * p.kv_lora;
+    const float* qp = q_pe + (t * p.heads + h) * p.rope;
+    float* row = q + h * layout.dim;
+    for (int64_t i = 0; i < p.kv_lora; ++i) row[i] = ql[i] * q_scale;
+    for (int64_t i = 0; i < p.rope; ++i) row[layout.lora + i] = qp[i] * q_scale;
+  }
+}
+
+// Range `range` of token t: its output o [heads, lora] and state [heads], from scratch.
+template <typename T>
+void AttendTokenRange(const LatentOps& ops, const LatentAttentionParams& p, const RowLayout& layout, const T* c_kv,
+                      const T* k_pe, int64_t t, int64_t range, Scratch& scratch, float* o, HeadState* state) {
+  const int64_t visible = p.q_offset + t + 1;
+  const KeyRanges ranges(visible);
+  const int64_t begin = range * ranges.size, end = std::min(visible, begin + ranges.size);
+  std::fill(o, o + p.heads * layout.lora, 0.0f);
+  std::fill(state, state + p.heads, HeadState{});
+  AttendRange(ops, p, layout, scratch.q.data<float>(), c_kv, k_pe, begin, end, o, state, scratch.tile,
+              scratch.scores);
+}
+
+// Merges the `count` ranges of token t, head h -- outputs o[r * o_stride], states state[r *
+// state_stride] -- onto the largest reference, always in range order, and writes the result to
+// out [kv_lora]. Rescales the outputs in place.
+void MergeRanges(const LatentOps& ops, const LatentAttentionParams& p, const RowLayout& layout, int64_t count,
+                 float* o, int64_t o_stride, HeadState* state, int64_t state_stride, float* acc, float* out) {
+  float m = -INFINITY;
+  for (int64_t r = 0; r < count; ++r) m = std::max(m, state[r * state_stride].m);
+  std::fill(acc, acc + layout.lora, 0.0f);
+  float l = 0;
+  for (int64_t r = 0; r < count; ++r) {
+    HeadState s = state[r * state_stride];
+    float* o_r = o + r * o_stride;
+    if (s.m < m) Rescale(ops, p.rescale, s.m, m, o_r, layout.lora, s.l);
+    for (int64_t i = 0; i < layout.lora; ++i) acc[i] += o_r[i];
+    l += s.l;
+  }
+  for (int64_t i = 0; i < p.kv_lora; ++i) out[i] = acc[i] / l;
+}
+
 template <typename T>
 void Run(const LatentOps& ops, int64_t splits, const float* q_lat, const float* q_pe, const T* c_kv, const T* k_pe,
          const LatentAttentionParams& p, float* out) {
   const RowLayout layout(p);
-  const float q_scale = p.scale * std::numbers::log2e_v<float>;
   const int64_t head_floats = p.heads * layout.lora;
-  std::vector<float> partial_o(splits > 1 ? p.tokens * splits * head_floats : 0);
-  std::vector<HeadState> partial_state(splits > 1 ? p.tokens * splits * p.heads : 0);
+  // The most ranges any token has (not always the last token's: a longer range can mean fewer).
+  int64_t max_ranges = 1;
+  for (int64_t t = 0; t < p.tokens; ++t) max_ranges = std::max(max_ranges, KeyRanges(p.q_offset + t + 1).count);
 
-  ParallelFor(p.tokens * splits, [&](int64_t task_begin, int64_t task_end) {
-    Tensor q = Tensor::F32({p.heads, layout.dim});
-    Tensor o = Tensor::F32({p.heads, layout.lora});
-    std::vector<HeadState> state(p.heads);
-    for (int64_t task = task_begin; task < task_end; ++task) {
-      const int64_t t = task / splits, split = task % splits;
-      const int64_t visible = p.q_offset + t + 1;
-      const int64_t range = RoundUp(CeilDiv(visible, splits), kBlock);
-      const int64_t begin = std::min(visible, split * range), end = std::min(visible, begin + range);
-      for (int64_t h = 0; h < p.heads; ++h) {
-        const float* ql = q_lat + (t * p.heads + h) * p.kv_lora;
-        const float* qp = q_pe + (t * p.heads + h) * p.rope;
-        float* row = q.data<float>() + h * layout.dim;
-        for (int64_t i = 0; i < p.kv_lora; ++i) row[i] = ql[i] * q_scale;
-        for (int64_t i = 0; i < p.rope; ++i) row[layout.lora + i] = qp[i] * q_scale;
-      }
-      std::fill(o.data<float>(), o.data<float>() + head_floats, 0.0f);
-      std::fill(state.begin(), state.end(), HeadState{});
-      AttendRange(ops, p, layout, q.data<float>(), c_kv, k_pe, begin, end, o.data<float>(), state.data());
-      if (splits == 1) {
-        for (int64_t h = 0; h < p.heads; ++h) {
-          const float inv = 1.0f / state[h].l;
-          const float* oh = o.data<float>() + h * layout.lora;
-          float* dst = out + (t * p.heads + h) * p.kv_lora;
-          for (int64_t i = 0; i < p.kv_lora; ++i) dst[i] = oh[i] * inv;
+  if (splits <= 1 || max_ranges == 1) {
+    // One task per token, its ranges one after the other.
+    ParallelFor(p.tokens, [&](int64_t begin, int64_t end) {
+      Scratch scratch(p, layout);
+      std::vector<float> o(max_ranges * head_floats), acc(layout.lora);
+      std::vector<HeadState> state(max_ranges * p.heads);
+      for (int64_t t = begin; t < end; ++t) {
+        PrepareQuery(p, layout, q_lat, q_pe, t, scratch.q.data<float>());
+        const int64_t count = KeyRanges(p.q_offset + t + 1).count;
+        for (int64_t r = 0; r < count; ++r) {
+          AttendTokenRange(ops, p, layout, c_kv, k_pe, t, r, scratch, o.data() + r * head_floats,
+                           state.data() + r * p.heads);
         }
-      } else {
-        std::copy(o.data<float>(), o.data<float>() + head_floats, partial_o.data() + task * head_floats);
-        std::copy(state.begin(), state.end(), partial_state.begin() + task * p.heads);
+        for (int64_t h = 0; h < p.heads; ++h) {
+          MergeRanges(ops, p, layout, count, o.data() + h * layout.lora, head_floats, state.data() + h, p.heads,
+                      acc.data(), out + (t * p.heads + h) * p.kv_lora);
+        }
       }
+    });
+    return;
+  }
+
+  // One task per (token, range), then one per (token, head) to merge.
+  std::vector<float> partial_o(p.tokens * max_ranges * head_floats);
+  std::vector<HeadState> partial_state(p.tokens * max_ranges * p.heads);
+  ParallelFor(p.tokens * max_ranges, [&](int64_t task_begin, int64_t task_end) {
+    Scratch scratch(p, layout);
+    for (int64_t task = task_begin; task < task_end; ++task) {
+      const int64_t t = task / max_ranges, r = task % max_ranges;
+      if (r >= KeyRanges(p.q_offset + t + 1).count) continue;
+      PrepareQuery(p, layout, q_lat, q_pe, t, scratch.q.data<float>());
+      AttendTokenRange(ops, p, layout, c_kv, k_pe, t, r, scratch, partial_o.data() + task * head_floats,
+                       partial_state.data() + task * p.heads);
     }
   });
-  if (splits == 1) return;
-
-  // Merge the ranges of each (token, head) onto the largest reference.
   ParallelFor(p.tokens * p.heads, [&](int64_t begin, int64_t end) {
     std::vector<float> acc(layout.lora);
     for (int64_t th = begin; th < end; ++th) {
       const int64_t t = th / p.heads, h = th % p.heads;
-      auto at = [&](int64_t split) { return (t * splits + split) * p.heads + h; };
-      float m = -INFINITY;
-      for (int64_t split = 0; split < splits; ++split) {
-        if (partial_state[at(split)].l > 0) m = std::max(m, partial_state[at(split)].m);
-      }
-      std::fill(acc.begin(), acc.end(), 0.0f);
-      float l = 0;
-      for (int64_t split = 0; split < splits; ++split) {
-        HeadState s = partial_state[at(split)];
-        if (s.l == 0) continue;  // an empty range
-        float* o = partial_o.data() + at(split) * layout.lora;
-        if (s.m < m) Rescale(ops, p.rescale, s.m, m, o, layout.lora, s.l);
-        for (int64_t i = 0; i < layout.lora; ++i) acc[i] += o[i];
-        l += s.l;
-      }
-      float* dst = out + th * p.kv_lora;
-      for (int64_t i = 0; i < p.kv_lora; ++i) dst[i] = acc[i] / l;
+      const int64_t first = t * max_ranges;
+      MergeRanges(ops, p, layout, KeyRanges(p.q_offset + t + 1).count,
+                  partial_o.data() + first * head_floats + h * layout.lora, head_floats,
+                  partial_state.data() + first * p.heads + h, p.heads, acc.data(), out + th * p.kv_lora);
     }
   });
 }
@@ -282,8 +339,9 @@ Isa BestLatentIsa() {
 }
 
 int64_t KeySplits(const LatentAttentionParams& p, int64_t threads) {
-  const int64_t for_threads = CeilDiv(threads, std::max<int64_t>(p.tokens, 1));
-  return std::max<int64_t>(1, std::min(for_threads, (p.q_offset + p.tokens) / kMinSplitKeys));
+  // More than 1 when some token may have several ranges: KeyRanges(n).count never exceeds
+  // clamp(n / kMinRangeKeys, 1, kMaxKeyRanges), which grows with n.
+  return p.tokens < threads ? std::clamp<int64_t>((p.q_offset + p.tokens) / kMinRangeKeys, 1, kMaxKeyRanges) : 1;
 }
 
 void LatentAttention(Isa isa, int64_t key_splits, const float* q_lat, const float* q_pe, const float* c_kv,

@@ -40,11 +40,14 @@ bool IsaSupported(Isa isa);
 const LatentOps& GenericLatentOps();
 const LatentOps& Avx512LatentOps();
 
-// How many contiguous key ranges each token's keys are split into, so that `threads` threads all
-// have work: more than one only when tokens are fewer than threads and the cache is long.
+// How LatentAttention splits its work among `threads` threads: 1 runs one task per token (its key
+// ranges one after the other); more -- when tokens are fewer than threads and some token's keys
+// are cut into several ranges -- one task per (token, range). The result is the same bits either
+// way: where a token's keys are cut depends only on how many it sees.
 int64_t KeySplits(const LatentAttentionParams& p, int64_t threads);
 
-// kernels::LatentAttention on a given ISA (which must be supported) with a given split.
+// kernels::LatentAttention on a given ISA (which must be supported) with a given work split
+// (KeySplits; any value > 1 splits over key ranges).
 void LatentAttention(Isa isa, int64_t key_splits, const float* q_lat, const float* q_pe, const float* c_kv,
                      const float* k_pe, const LatentAttentionParams& p, float* out);
 void LatentAttention(Isa isa, int64_t key_splits, const float* q_lat, const float* q_pe, const bf16* c_kv,

@@ -1,22 +1,13 @@
 // The AVX-512 inner loops of LatentAttention (see latent_attention.cc for the algorithm). Only
-// AVX-512F is needed. Each function carries the target attribute instead of the file being built
-// with -mavx512f, so that no inline function shared with other files is compiled for AVX-512.
+// AVX-512F is needed.
 #include "kernels/cpu/latent_attention.h"
 
 #if defined(__x86_64__)
 
-// GCC 12 warns, wrongly, that the placeholder operand many AVX-512 intrinsics start from with
-// _mm512_undefined_*() is used uninitialized (GCC bug 105593).
-#pragma GCC diagnostic push
-#pragma GCC diagnostic ignored "-Wuninitialized"
-#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
-#include <immintrin.h>
-#pragma GCC diagnostic pop
+#include "kernels/cpu/avx512.h"
 
 #include <algorithm>
 #include <numbers>
-
-#define MOE_AVX512 __attribute__((target("avx512f")))
 
 namespace moe::kernels::cpu {
 namespace {

@@ -61,29 +61,13 @@ const MatmulPrimitive& GetPrimitive(int64_t k, int64_t n, DType dtype) {
 
 }  // namespace
 
-void Matmul(const float* x, int64_t m, const Weight& weight, float* y) {
-  if (m == 0) return;
+namespace {
+
+// y = src · w^T for activations already in the weights' type (I8: with per-row scales).
+void Execute(const void* src, const float* src_scales, int64_t m, const Weight& weight, float* y) {
   const TensorView& w = weight.data;
   const int64_t n = w.dim(0), k = w.dim(1);
   const MatmulPrimitive& p = GetPrimitive(k, n, w.dtype);
-
-  // The activations in the weights' type.
-  std::vector<bf16> x_bf16;
-  std::vector<int8_t> x_int8;
-  std::vector<float> x_scales;
-  const void* src = x;
-  if (w.dtype == DType::kBF16) {
-    x_bf16.resize(m * k);
-    ParallelFor(m * k, [&](int64_t begin, int64_t end) {
-      for (int64_t i = begin; i < end; ++i) x_bf16[i] = F32ToBf16(x[i]);
-    });
-    src = x_bf16.data();
-  } else if (w.dtype == DType::kI8) {
-    x_int8.resize(m * k);
-    x_scales.resize(m);
-    QuantizeRows(x, m, k, x_int8.data(), x_scales.data());
-    src = x_int8.data();
-  }
   // INT32 results go to y's own storage, then are scaled in place.
   static_assert(sizeof(int32_t) == sizeof(float));
   const memory::data_type dt = ToDnnl(w.dtype);
@@ -100,11 +84,39 @@ void Matmul(const float* x, int64_t m, const Weight& weight, float* y) {
       for (int64_t i = begin; i < end; ++i) {
         float* row = y + i * n;
         for (int64_t j = 0; j < n; ++j) {
-          row[j] = static_cast<float>(std::bit_cast<int32_t>(row[j])) * x_scales[i] * weight.row_scales[j];
+          row[j] = static_cast<float>(std::bit_cast<int32_t>(row[j])) * src_scales[i] * weight.row_scales[j];
         }
       }
     });
   }
+}
+
+}  // namespace
+
+void Matmul(const float* x, int64_t m, const Weight& weight, float* y) {
+  if (m == 0) return;
+  const TensorView& w = weight.data;
+  const int64_t k = w.dim(1);
+  if (w.dtype == DType::kBF16) {
+    std::vector<bf16> x_bf16(m * k);
+    ParallelFor(m * k, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) x_bf16[i] = F32ToBf16(x[i]);
+    });
+    Execute(x_bf16.data(), nullptr, m, weight, y);
+  } else if (w.dtype == DType::kI8) {
+    std::vector<int8_t> x_int8(m * k);
+    std::vector<float> x_scales(m);
+    QuantizeRows(x, m, k, x_int8.data(), x_scales.data());
+    Execute(x_int8.data(), x_scales.data(), m, weight, y);
+  } else {
+    Execute(x, nullptr, m, weight, y);
+  }
+}
+
+void MatmulQuantized(const int8_t* x, const float* x_scales, int64_t m, const Weight& weight, float* y) {
+  MOE_CHECK(weight.data.dtype == DType::kI8, "MatmulQuantized needs I8 weights");
+  if (m == 0) return;
+  Execute(x, x_scales, m, weight, y);
 }
 
 }  // namespace moe::kernels

@@ -1,0 +1,17 @@
+// The AVX-512 intrinsics, for files whose functions carry MOE_AVX512 instead of being built with
+// -mavx512f, so that no inline function shared with other files is compiled for AVX-512.
+#pragma once
+
+#if defined(__x86_64__)
+
+// GCC 12 warns, wrongly, that the placeholder operand many AVX-512 intrinsics start from with
+// _mm512_undefined_*() is used uninitialized (GCC bug 105593).
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+
+#define MOE_AVX512 __attribute__((target("avx512f")))
+
+#endif

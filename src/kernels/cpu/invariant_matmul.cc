@@ -1,0 +1,400 @@
+// BatchInvariantMatmul: y = x · w^T for F32 and BF16 weights, where each output's sum over k runs
+// in one fixed order, so that a row's result does not depend on the other rows of the batch.
+//
+// Why: oneDNN picks its GEMM kernel, and with it the order of the sums, by the number of rows M
+// (measured with oneDNN 2.6: an F32 row's bits change between M < 16 and M >= 16, a BF16 row's
+// between M = 1 and M > 1). Under W8A8 every other GEMM accumulates INT8 products exactly, and
+// only the router (F32) and lm_head (BF16) remain; through this kernel a request's logits are the
+// same to the bit alone or in any batch.
+//
+// The orders (SumOrder), for every output y[r, j], both ending in the same pairwise sum of 16
+// lane sums: l + (l + 8), then + 4, + 2, + 1.
+// - kLanes (F32 weights; BF16 weights where the CPU lacks AVX512_BF16): lane l takes the products
+//   of k = l, l + 16, l + 32, ... in increasing k by fused multiply-add (past the end of k, 0 * 0).
+// - kBf16Pairs (BF16 weights on CPUs with AVX512_BF16): lane l takes, from each 32 values of k,
+//   the products of 2l + 1 and then 2l, each added by a fused multiply-add with denormals flushed
+//   -- what one VDPBF16PS does (Intel's definition; the tests check the instruction against it),
+//   with twice the products per instruction of F32 FMAs, which is what oneDNN's BF16 GEMM uses.
+// The AVX-512 loops keep each lane-sum vector in a register over the whole of k, for tiles of up
+// to 6 x 4 outputs; the generic loops spell each order out lane by lane. Threads split the weight
+// rows in tiles of 4, and each output is computed whole by one tile, so neither the tiling nor m
+// nor the thread count changes a bit. (Which order runs depends on the CPU, so results may differ
+// between machines, never between batches.)
+//
+// Cost, measured against oneDNN on one core of the bench machine: BF16 lm_head at 1 and 32 rows
+// about the same (4096 x 256: 0.05 ms and ~0.4 ms; 32768 x 7168: ~25 ms and ~90 ms), 1.8x slower
+// at 256 rows, a size the engine never asks for (it takes logits of sampled rows only); the F32
+// router about the same up to 32 rows, 2x slower at 256 (V3's 256 x 7168: 14 ms vs 7 ms).
+#include "kernels/cpu/invariant_matmul.h"
+
+#include <algorithm>
+#include <cmath>
+#include <type_traits>
+#include <vector>
+
+#include "base/cpu_features.h"
+#include "base/thread_pool.h"
+#include "kernels/cpu/avx512.h"
+
+namespace moe::kernels::cpu {
+namespace {
+
+constexpr int64_t kLanes = 16;
+constexpr int64_t kTile = 4;  // weight rows per tile
+
+int64_t RoundUp(int64_t a, int64_t b) { return (a + b - 1) / b * b; }
+
+inline float ToF32(float v) { return v; }
+inline float ToF32(bf16 v) { return Bf16ToF32(v); }
+
+// The inputs of one call: x rounded as the weights ask, each row padded with zeros to `stride`
+// (a multiple of 16), and the weight.
+template <typename W>
+struct Operands {
+  const float* x;
+  int64_t m, stride;
+  const W* w;
+  int64_t n, k;
+};
+
+// The pairwise sum of 16 lanes: l + (l + 8), then + 4, + 2, + 1.
+float ReduceLanes(float* lanes) {
+  for (int64_t width = kLanes / 2; width >= 1; width /= 2) {
+    for (int64_t l = 0; l < width; ++l) lanes[l] = lanes[l] + lanes[l + width];
+  }
+  return lanes[0];
+}
+
+template <typename W>
+void GenericRows(const Operands<W>& o, int64_t j_begin, int64_t j_end, float* y) {
+  for (int64_t j = j_begin; j < j_end; ++j) {
+    const W* wj = o.w + j * o.k;
+    for (int64_t r = 0; r < o.m; ++r) {
+      const float* xr = o.x + r * o.stride;
+      float lanes[kLanes] = {};
+      for (int64_t base = 0; base < o.stride; base += kLanes) {
+        for (int64_t l = 0; l < kLanes; ++l) {
+          const int64_t i = base + l;
+          lanes[l] = std::fma(xr[i], i < o.k ? ToF32(wj[i]) : 0.0f, lanes[l]);
+        }
+      }
+      y[r * o.n + j] = ReduceLanes(lanes);
+    }
+  }
+}
+
+// Denormals to zero, keeping the sign: AVX512_BF16's dot product does so to its inputs and results.
+inline float FlushDenormal(float v) { return std::fpclassify(v) == FP_SUBNORMAL ? std::copysign(0.0f, v) : v; }
+
+// The BF16-pairs order (SumOrder::kBf16Pairs) of x rows in BF16, padded with zeros to `stride` (a
+// multiple of 32), against BF16 weight rows: lane l of 16 takes, from each 32 values, the products
+// of index 2l + 1 and then 2l, each added by a fused multiply-add rounded and flushed as
+// VDPBF16PS does; then the lanes' pairwise sum.
+void GenericPairRows(const bf16* x, int64_t m, int64_t stride, const bf16* w, int64_t n, int64_t k,
+                     int64_t j_begin, int64_t j_end, float* y) {
+  for (int64_t j = j_begin; j < j_end; ++j) {
+    const bf16* wj = w + j * k;
+    for (int64_t r = 0; r < m; ++r) {
+      const bf16* xr = x + r * stride;
+      float lanes[kLanes] = {};
+      for (int64_t base = 0; base < stride; base += 2 * kLanes) {
+        for (int64_t l = 0; l < kLanes; ++l) {
+          for (int64_t i : {base + 2 * l + 1, base + 2 * l}) {
+            const float a = FlushDenormal(Bf16ToF32(xr[i]));
+            const float b = i < k ? FlushDenormal(Bf16ToF32(wj[i])) : 0.0f;
+            lanes[l] = FlushDenormal(std::fma(a, b, lanes[l]));
+          }
+        }
+      }
+      y[r * n + j] = ReduceLanes(lanes);
+    }
+  }
+}
+
+#if defined(__x86_64__)
+
+MOE_AVX512 inline float ReduceLanes(__m512 a) {
+  const __m256 lo = _mm512_castps512_ps256(a);
+  const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1));
+  const __m256 t = _mm256_add_ps(lo, hi);                                                 // l + (l + 8)
+  const __m128 u = _mm_add_ps(_mm256_castps256_ps128(t), _mm256_extractf128_ps(t, 1));  // + 4
+  const __m128 v = _mm_add_ps(u, _mm_movehl_ps(u, u));                                  // + 2
+  return _mm_cvtss_f32(_mm_add_ss(v, _mm_movehdup_ps(v)));                              // + 1
+}
+
+MOE_AVX512 inline __m512 Load(const float* p) { return _mm512_loadu_ps(p); }
+MOE_AVX512 inline __m512 Load(const bf16* p) {
+  // BF16 is the top half of an F32: zero-extend each 16-bit value and shift it up.
+  const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(b), 16));
+}
+
+// Where a tile reads its kCols weight rows: row c at w + c * stride, F32 or BF16, its first
+// `full` values (a multiple of 16) there and the rest, if any, zero-padded to 16 in F32 at
+// tail + 16 * c.
+template <typename T>
+struct WeightRows {
+  const T* w;
+  int64_t stride;
+  int64_t full;
+  const float* tail;
+};
+
+// acc[r][c] += x[r][i, i + 16) * w[c] for a tile's rows and columns.
+template <int kRows, int kCols>
+MOE_AVX512 inline __attribute__((always_inline)) void Step(__m512 (&acc)[kRows][kCols], const float* x,
+                                                           int64_t stride, const __m512* wv, int64_t i) {
+#pragma GCC unroll 8
+  for (int r = 0; r < kRows; ++r) {
+    const __m512 xv = _mm512_loadu_ps(x + r * stride + i);
+#pragma GCC unroll 8
+    for (int c = 0; c < kCols; ++c) acc[r][c] = _mm512_fmadd_ps(xv, wv[c], acc[r][c]);
+  }
+}
+
+// Outputs [kRows, kCols] from x rows (F32, rows of o.stride floats, zero-padded) and weight rows.
+// (Every loop over rows and columns is unrolled: a loop left rolled would keep the accumulators in
+// memory, and GCC 12 then stores all of them on every step over k.)
+template <int kRows, int kCols, typename W, typename T>
+MOE_AVX512 void Tile(const Operands<W>& o, const float* x, const WeightRows<T>& w, float* y) {
+  __m512 acc[kRows][kCols];
+#pragma GCC unroll 8
+  for (int r = 0; r < kRows; ++r) {
+#pragma GCC unroll 8
+    for (int c = 0; c < kCols; ++c) acc[r][c] = _mm512_setzero_ps();
+  }
+  for (int64_t i = 0; i < w.full; i += kLanes) {
+    __m512 wv[kCols];
+#pragma GCC unroll 8
+    for (int c = 0; c < kCols; ++c) wv[c] = Load(w.w + c * w.stride + i);
+    Step<kRows, kCols>(acc, x, o.stride, wv, i);
+  }
+  if (w.full < o.stride) {
+    __m512 wv[kCols];
+#pragma GCC unroll 8
+    for (int c = 0; c < kCols; ++c) wv[c] = _mm512_loadu_ps(w.tail + c * kLanes);
+    Step<kRows, kCols>(acc, x, o.stride, wv, w.full);
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < kRows; ++r) {
+#pragma GCC unroll 8
+    for (int c = 0; c < kCols; ++c) y[r * o.n + c] = ReduceLanes(acc[r][c]);
+  }
+}
+
+// Every x row against kCols weight rows, in tiles of up to 6 x kCols outputs: 24 accumulators at
+// 6 x 4, each weight vector loaded once for 6 rows.
+template <int kCols, typename W, typename T>
+MOE_AVX512 void TileColumns(const Operands<W>& o, const WeightRows<T>& w, int64_t j, float* y) {
+  constexpr int64_t kTileRows = 6;
+  int64_t r = 0;
+  for (; r + kTileRows <= o.m; r += kTileRows) Tile<kTileRows, kCols>(o, o.x + r * o.stride, w, y + r * o.n + j);
+  const float* x = o.x + r * o.stride;
+  float* yr = y + r * o.n + j;
+  switch (o.m - r) {
+    case 5: Tile<5, kCols>(o, x, w, yr); break;
+    case 4: Tile<4, kCols>(o, x, w, yr); break;
+    case 3: Tile<3, kCols>(o, x, w, yr); break;
+    case 2: Tile<2, kCols>(o, x, w, yr); break;
+    case 1: Tile<1, kCols>(o, x, w, yr); break;
+  }
+}
+
+template <typename W, typename T>
+MOE_AVX512 void Columns(const Operands<W>& o, int64_t cols, const WeightRows<T>& w, int64_t j, float* y) {
+  switch (cols) {
+    case 4: TileColumns<4>(o, w, j, y); break;
+    case 3: TileColumns<3>(o, w, j, y); break;
+    case 2: TileColumns<2>(o, w, j, y); break;
+    case 1: TileColumns<1>(o, w, j, y); break;
+  }
+}
+
+MOE_AVX512 void Widen(const bf16* src, int64_t count, float* dst) {
+  int64_t i = 0;
+  for (; i + kLanes <= count; i += kLanes) _mm512_storeu_ps(dst + i, Load(src + i));
+  for (; i < count; ++i) dst[i] = Bf16ToF32(src[i]);
+}
+
+// Below this many x rows, BF16 weights are widened in registers as they are loaded; from it on,
+// each group of 4 weight rows is widened once into a buffer that all x rows then read (measured
+// on the bench machine: faster from about 8 rows, slower below).
+constexpr int64_t kWidenOnceRows = 8;
+
+// Weight rows [j_begin, j_end) against every x row, kTile weight rows at a time: they stay in
+// cache while every x row passes over them.
+template <typename W>
+MOE_AVX512 void Avx512Rows(const Operands<W>& o, int64_t j_begin, int64_t j_end, float* y) {
+  const int64_t full = o.k / kLanes * kLanes;
+  const bool widen_once = std::is_same_v<W, bf16> && o.m >= kWidenOnceRows;
+  std::vector<float> widened(widen_once ? kTile * o.stride : 0, 0.0f);
+  alignas(64) float tail[kTile * kLanes];
+  for (int64_t j = j_begin; j < j_end; j += kTile) {
+    const int64_t cols = std::min(kTile, j_end - j);
+    const W* w = o.w + j * o.k;
+    if (widen_once) {
+      if constexpr (std::is_same_v<W, bf16>) {
+        for (int64_t c = 0; c < cols; ++c) Widen(w + c * o.k, o.k, widened.data() + c * o.stride);
+      }
+      Columns(o, cols, WeightRows<float>{widened.data(), o.stride, o.stride, nullptr}, j, y);
+      continue;
+    }
+    std::fill(tail, tail + kTile * kLanes, 0.0f);
+    for (int64_t c = 0; c < cols; ++c) {
+      for (int64_t i = full; i < o.k; ++i) tail[c * kLanes + i - full] = ToF32(w[c * o.k + i]);
+    }
+    Columns(o, cols, WeightRows<W>{w, o.k, full, tail}, j, y);
+  }
+}
+
+#define MOE_AVX512_BF16 __attribute__((target("avx512f,avx512bf16")))
+
+// The BF16-pairs order with VDPBF16PS: 32 products per instruction, twice what F32 FMAs give.
+// Outputs [kRows, kCols] from x rows (BF16, rows of `stride`, zero-padded) and weight rows of
+// stride k, whose values past `full` (a multiple of 32) come zero-padded from `tail`, 32 per row.
+template <int kRows, int kCols>
+MOE_AVX512_BF16 void PairTile(const bf16* x, int64_t stride, const bf16* w, int64_t k, int64_t full,
+                              const bf16* tail, float* y, int64_t n) {
+  __m512 acc[kRows][kCols];
+#pragma GCC unroll 8
+  for (int r = 0; r < kRows; ++r) {
+#pragma GCC unroll 8
+    for (int c = 0; c < kCols; ++c) acc[r][c] = _mm512_setzero_ps();
+  }
+  for (int64_t i = 0; i < stride; i += 2 * kLanes) {
+    __m512bh wv[kCols];
+#pragma GCC unroll 8
+    for (int c = 0; c < kCols; ++c) {
+      const bf16* from = i < full ? w + c * k + i : tail + c * 2 * kLanes;
+      wv[c] = reinterpret_cast<__m512bh>(_mm512_loadu_si512(from));
+    }
+#pragma GCC unroll 8
+    for (int r = 0; r < kRows; ++r) {
+      const __m512bh xv = reinterpret_cast<__m512bh>(_mm512_loadu_si512(x + r * stride + i));
+#pragma GCC unroll 8
+      for (int c = 0; c < kCols; ++c) acc[r][c] = _mm512_dpbf16_ps(acc[r][c], xv, wv[c]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int r = 0; r < kRows; ++r) {
+#pragma GCC unroll 8
+    for (int c = 0; c < kCols; ++c) y[r * n + c] = ReduceLanes(acc[r][c]);
+  }
+}
+
+template <int kCols>
+MOE_AVX512_BF16 void PairColumns(const bf16* x, int64_t m, int64_t stride, const bf16* w, int64_t k, int64_t full,
+                                 const bf16* tail, float* y, int64_t n) {
+  constexpr int64_t kTileRows = 6;
+  int64_t r = 0;
+  for (; r + kTileRows <= m; r += kTileRows) {
+    PairTile<kTileRows, kCols>(x + r * stride, stride, w, k, full, tail, y + r * n, n);
+  }
+  x += r * stride;
+  y += r * n;
+  switch (m - r) {
+    case 5: PairTile<5, kCols>(x, stride, w, k, full, tail, y, n); break;
+    case 4: PairTile<4, kCols>(x, stride, w, k, full, tail, y, n); break;
+    case 3: PairTile<3, kCols>(x, stride, w, k, full, tail, y, n); break;
+    case 2: PairTile<2, kCols>(x, stride, w, k, full, tail, y, n); break;
+    case 1: PairTile<1, kCols>(x, stride, w, k, full, tail, y, n); break;
+  }
+}
+
+// Weight rows [j_begin, j_end) against every x row, kTile weight rows at a time, read straight
+// from the weight: no widening, so no buffer.
+MOE_AVX512_BF16 void Avx512PairRows(const bf16* x, int64_t m, int64_t stride, const bf16* w, int64_t n, int64_t k,
+                                    int64_t j_begin, int64_t j_end, float* y) {
+  const int64_t full = k / (2 * kLanes) * (2 * kLanes);
+  alignas(64) bf16 tail[kTile * 2 * kLanes];
+  for (int64_t j = j_begin; j < j_end; j += kTile) {
+    const int64_t cols = std::min(kTile, j_end - j);
+    const bf16* wj = w + j * k;
+    std::fill(tail, tail + kTile * 2 * kLanes, bf16{});
+    for (int64_t c = 0; c < cols; ++c) std::copy(wj + c * k + full, wj + c * k + k, tail + c * 2 * kLanes);
+    switch (cols) {
+      case 4: PairColumns<4>(x, m, stride, wj, k, full, tail, y + j, n); break;
+      case 3: PairColumns<3>(x, m, stride, wj, k, full, tail, y + j, n); break;
+      case 2: PairColumns<2>(x, m, stride, wj, k, full, tail, y + j, n); break;
+      case 1: PairColumns<1>(x, m, stride, wj, k, full, tail, y + j, n); break;
+    }
+  }
+}
+
+#endif
+
+template <typename W>
+void Run(bool avx512, const Operands<W>& o, float* y) {
+  const int64_t tiles = (o.n + kTile - 1) / kTile;
+  ParallelFor(tiles, [&](int64_t begin, int64_t end) {
+    const int64_t j_begin = begin * kTile, j_end = std::min(o.n, end * kTile);
+#if defined(__x86_64__)
+    if (avx512) return Avx512Rows(o, j_begin, j_end, y);
+#endif
+    (void)avx512;
+    GenericRows(o, j_begin, j_end, y);
+  });
+}
+
+// BF16 weights in the BF16-pairs order.
+void RunPairs(bool avx512, const float* x, int64_t m, const bf16* w, int64_t n, int64_t k, float* y) {
+  const int64_t stride = RoundUp(k, 2 * kLanes);
+  std::vector<bf16> xb(m * stride, bf16{});  // the activations in BF16, as Matmul rounds them
+  for (int64_t r = 0; r < m; ++r) {
+    for (int64_t i = 0; i < k; ++i) xb[r * stride + i] = F32ToBf16(x[r * k + i]);
+  }
+  const int64_t tiles = (n + kTile - 1) / kTile;
+  ParallelFor(tiles, [&](int64_t begin, int64_t end) {
+    const int64_t j_begin = begin * kTile, j_end = std::min(n, end * kTile);
+#if defined(__x86_64__)
+    if (avx512) return Avx512PairRows(xb.data(), m, stride, w, n, k, j_begin, j_end, y);
+#endif
+    (void)avx512;
+    GenericPairRows(xb.data(), m, stride, w, n, k, j_begin, j_end, y);
+  });
+}
+
+}  // namespace
+
+SumOrder BestSumOrder() {
+  return GetCpuFeatures().avx512f && GetCpuFeatures().avx512bf16 ? SumOrder::kBf16Pairs : SumOrder::kLanes;
+}
+
+void BatchInvariantMatmul(bool avx512, SumOrder order, const float* x, int64_t m, const Weight& weight, float* y) {
+  const TensorView& w = weight.data;
+  MOE_CHECK(!avx512 || GetCpuFeatures().avx512f, "BatchInvariantMatmul: this CPU has no AVX-512");
+  MOE_CHECK(!avx512 || order != SumOrder::kBf16Pairs || GetCpuFeatures().avx512bf16,
+            "BatchInvariantMatmul: this CPU has no AVX512_BF16");
+  if (m == 0) return;
+  if (w.dtype == DType::kI8) return Matmul(x, m, weight, y);  // INT32 sums are exact in any order
+  MOE_CHECK(w.dtype == DType::kF32 || w.dtype == DType::kBF16, "BatchInvariantMatmul takes F32, BF16 or I8 weights");
+  const int64_t n = w.dim(0), k = w.dim(1), stride = RoundUp(k, kLanes);
+  if (w.dtype == DType::kBF16 && order == SumOrder::kBf16Pairs) {
+    return RunPairs(avx512, x, m, static_cast<const bf16*>(w.data), n, k, y);
+  }
+  // The activations, rounded to BF16 for BF16 weights as Matmul does, in rows padded with zeros.
+  std::vector<float> xp(m * stride, 0.0f);
+  for (int64_t r = 0; r < m; ++r) {
+    for (int64_t i = 0; i < k; ++i) {
+      const float v = x[r * k + i];
+      xp[r * stride + i] = w.dtype == DType::kBF16 ? Bf16ToF32(F32ToBf16(v)) : v;
+    }
+  }
+  if (w.dtype == DType::kF32) {
+    Run(avx512, Operands<float>{xp.data(), m, stride, static_cast<const float*>(w.data), n, k}, y);
+  } else {
+    Run(avx512, Operands<bf16>{xp.data(), m, stride, static_cast<const bf16*>(w.data), n, k}, y);
+  }
+}
+
+}  // namespace moe::kernels::cpu
+
+namespace moe::kernels {
+
+void BatchInvariantMatmul(const float* x, int64_t m, const Weight& w, float* y) {
+  static const bool avx512 = GetCpuFeatures().avx512f;
+  static const cpu::SumOrder order = cpu::BestSumOrder();
+  cpu::BatchInvariantMatmul(avx512, order, x, m, w, y);
+}
+
+}  // namespace moe::kernels
