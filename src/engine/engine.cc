@@ -73,9 +73,12 @@ int32_t Engine::SampleNext(Live& live, const Request& state, float* logits, Requ
   const int64_t vocab = model_.config().vocab_size;
   const EngineRequest& r = live.request;
   // Log-probs describe the model's own distribution, before penalties reshape it.
-  if (r.logprobs > 0) out.new_logprobs.push_back(TopLogprobs(logits, vocab, r.logprobs));
+  std::vector<float> model_logits;
+  if (r.logprobs > 0) model_logits.assign(logits, logits + vocab);
   ApplyPenalties(logits, vocab, r.sampling, state.prompt_token_ids(), state.output_token_ids());
-  return live.sampler.Sample(logits, vocab, r.sampling);
+  const int32_t token = live.sampler.Sample(logits, vocab, r.sampling);
+  if (r.logprobs > 0) out.new_logprobs.push_back(TopLogprobs(model_logits.data(), vocab, r.logprobs, token));
+  return token;
 }
 
 std::vector<RequestOutput> Engine::Step() {

@@ -47,7 +47,7 @@ Expected<GenerateResult> Generate(const DeepseekV3Model& model, ExpertBackend& e
     const Tensor logits = model.Logits(hidden.data<float>() + (rows - 1) * hidden.dim(1), 1);
     const int32_t token = sampler.Sample(logits.data<float>(), vocab, request.sampling);
     result.tokens.push_back(token);
-    if (request.logprobs > 0) result.logprobs.push_back(TopLogprobs(logits.data<float>(), vocab, request.logprobs));
+    if (request.logprobs > 0) result.logprobs.push_back(TopLogprobs(logits.data<float>(), vocab, request.logprobs, token));
     if (on_token) on_token(token);
 
     if (request.mtp_logprobs > 0) {

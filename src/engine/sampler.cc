@@ -19,13 +19,15 @@ std::vector<int32_t> SortedIds(const float* logits, int64_t vocab, int64_t keep)
 
 }  // namespace
 
-std::vector<TokenLogprob> TopLogprobs(const float* logits, int64_t vocab, int64_t k) {
+std::vector<TokenLogprob> TopLogprobs(const float* logits, int64_t vocab, int64_t k, int32_t sampled) {
   const double max = *std::max_element(logits, logits + vocab);
   double sum = 0;
   for (int64_t i = 0; i < vocab; ++i) sum += std::exp(static_cast<double>(logits[i]) - max);
   const double log_z = max + std::log(sum);
   std::vector<TokenLogprob> top;
   for (int32_t id : SortedIds(logits, vocab, std::min(k, vocab))) top.push_back({id, logits[id] - log_z});
+  const bool listed = std::any_of(top.begin(), top.end(), [&](const TokenLogprob& t) { return t.id == sampled; });
+  if (sampled >= 0 && !listed) top.push_back({sampled, logits[sampled] - log_z});
   return top;
 }
 

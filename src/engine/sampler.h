@@ -33,8 +33,9 @@ struct TokenLogprob {
 };
 
 // The k most likely tokens under the full-precision log-softmax of `logits`, most likely first
-// (ties to the lower id).
-std::vector<TokenLogprob> TopLogprobs(const float* logits, int64_t vocab, int64_t k);
+// (ties to the lower id), then `sampled` when it is a token outside them (OpenAI reports the
+// chosen token's own logprob even when it is not among the alternatives).
+std::vector<TokenLogprob> TopLogprobs(const float* logits, int64_t vocab, int64_t k, int32_t sampled = -1);
 
 // Applies the penalties of `params` to logits in place. Ids must be < vocab.
 void ApplyPenalties(float* logits, int64_t vocab, const SamplingParams& params, std::span<const int32_t> prompt,

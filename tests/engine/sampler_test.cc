@@ -106,5 +106,15 @@ TEST(TopLogprobsTest, SortedAndNormalized) {
   EXPECT_NEAR(std::exp(top[0].logprob) + std::exp(top[1].logprob) + std::exp(top[2].logprob), 1.0, 1e-9);
 }
 
+TEST(TopLogprobsTest, SampledTokenOutsideTheTopKComesLast) {
+  const std::vector<float> logits = LogitsOf({0.1, 0.6, 0.3});
+  const auto top = TopLogprobs(logits.data(), 3, 1, 0);
+  ASSERT_EQ(top.size(), 2u);
+  EXPECT_EQ(top[0].id, 1);
+  EXPECT_EQ(top[1].id, 0);
+  EXPECT_NEAR(top[1].logprob, std::log(0.1), 1e-6);
+  EXPECT_EQ(TopLogprobs(logits.data(), 3, 1, 1).size(), 1u);
+}
+
 }  // namespace
 }  // namespace moe
