@@ -22,6 +22,8 @@ CommandRunner AddGenerateCommand(CLI::App& app);
 CommandRunner AddTokenizeCommand(CLI::App& app);
 CommandRunner AddPerplexityCommand(CLI::App& app);
 CommandRunner AddBenchOfflineCommand(CLI::App& app);
+// A client: loads a running server over HTTP (needs no model files).
+CommandRunner AddBenchServeCommand(CLI::App& app);
 // `argv` is the whole command line, which serve re-runs for its engine and API-server processes.
 CommandRunner AddServeCommand(CLI::App& app, std::vector<std::string> argv);
 

@@ -16,6 +16,7 @@ int main(int argc, char** argv) {
   const moe::CommandRunner tokenize = moe::AddTokenizeCommand(app);
   const moe::CommandRunner perplexity = moe::AddPerplexityCommand(app);
   const moe::CommandRunner bench_offline = moe::AddBenchOfflineCommand(app);
+  const moe::CommandRunner bench_serve = moe::AddBenchServeCommand(app);
   const moe::CommandRunner serve = moe::AddServeCommand(app, std::vector<std::string>(argv, argv + argc));
   try {
     app.parse(argc, argv);
@@ -30,6 +31,7 @@ int main(int argc, char** argv) {
   if (app.got_subcommand("tokenize")) return tokenize();
   if (app.got_subcommand("perplexity")) return perplexity();
   if (app.got_subcommand("bench-offline")) return bench_offline();
+  if (app.got_subcommand("bench-serve")) return bench_serve();
   if (app.got_subcommand("serve")) return serve();
   return 1;
 }

@@ -10,7 +10,9 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -22,8 +24,11 @@
 #include "base/termination.h"
 #include "engine/engine.h"
 #include "engine/expert_load.h"
+#include "model/config.h"
 #include "server/api_server.h"
 #include "server/engine_core.h"
+#include "server/engine_group.h"
+#include "dist/communicator.h"
 #include "tokenizer/tokenizer.h"
 
 extern char** environ;
@@ -36,6 +41,7 @@ struct ServeOptions {
   std::string served_model_name;  // default: the model directory's name
   std::string dtype = "w8a8";
   int api_servers = 1;
+  int ranks = 1;
   ApiServerOptions api;
   int64_t max_num_seqs = 64;
   int64_t max_num_batched_tokens = 2048;
@@ -57,16 +63,20 @@ std::string ServedModelName(const ServeOptions& o) {
 // Children end with the supervisor, even when it is killed without a chance to stop them.
 void DieWithParent() { prctl(PR_SET_PDEATHSIG, SIGTERM); }
 
-int RunEngineRole(const ServeOptions& o) {
-  DieWithParent();
-  std::atomic<bool> stop{false};
+// One engine rank. Rank 0 decides when all stop: on SIGTERM, once `before_stop` (draining the API
+// servers, where this rank started them) has returned.
+int RunEngine(const ServeOptions& o, Communicator& comm, const std::function<void()>& before_stop) {
+  std::atomic<bool> stop{false}, done{false};
   std::thread waiter([&] {
-    while (WaitForTermination(std::chrono::milliseconds(200)) == 0 && !stop.load()) {
+    while (!done.load()) {
+      if (WaitForTermination(std::chrono::milliseconds(200)) != 0 && comm.rank() == 0) {
+        before_stop();
+        stop = true;
+      }
     }
-    stop = true;
   });
   auto finish = [&](int code) {
-    stop = true;
+    done = true;
     waiter.join();
     return code;
   };
@@ -82,16 +92,16 @@ int RunEngineRole(const ServeOptions& o) {
   LocalExpertBackend local;
   ExpertLoadCounter experts(local, (*model)->config().first_k_dense_replace);
   Engine engine(**model, experts, config);
-  spdlog::info("engine: KV cache holds {} tokens", engine.kv_capacity_tokens());
+  spdlog::info("engine rank {} of {}: KV cache holds {} tokens", comm.rank(), comm.size(), engine.kv_capacity_tokens());
   EngineCoreOptions core;
-  core.endpoints = IpcEndpoints(o.ipc_dir);
+  core.endpoints = IpcEndpoints(o.ipc_dir, comm.rank());
   core.info = {ServedModelName(o), (*model)->config().max_position_embeddings,
-               static_cast<int32_t>((*model)->config().vocab_size),
-               engine.kv_capacity_tokens()};
+               static_cast<int32_t>((*model)->config().vocab_size), engine.kv_capacity_tokens()};
   core.max_waiting = o.max_waiting;
   // Tells the supervisor that start-up is over: from now on, an exit is a failure at run time.
-  std::ofstream(o.ipc_dir + "/engine-ready").put('\n');
-  const Status status = RunEngineCore(engine, experts, core, stop);
+  comm.Barrier();
+  if (comm.rank() == 0) std::ofstream(o.ipc_dir + "/engine-ready").put('\n');
+  const Status status = RunEngineCore(engine, experts, core, comm, stop);
   return finish(status.ok() ? 0 : Fail(status));
 }
 
@@ -101,8 +111,18 @@ int RunApiRole(ServeOptions o) {
   if (!tokenizer.ok()) return Fail(tokenizer.status());
   o.api.served_model = ServedModelName(o);
   o.api.shutdown_grace = std::chrono::milliseconds(static_cast<int64_t>(o.shutdown_grace_s * 1000));
-  EngineClient engine(IpcEndpoints(o.ipc_dir), "api-" + std::to_string(getpid()),
-                      std::chrono::milliseconds(static_cast<int64_t>(o.engine_timeout_s * 1000)));
+  std::vector<EngineEndpoints> ranks;
+  for (int r = 0; r < o.ranks; ++r) ranks.push_back(IpcEndpoints(o.ipc_dir, r));
+  const auto engine_timeout = std::chrono::milliseconds(static_cast<int64_t>(o.engine_timeout_s * 1000));
+  EngineGroup engine(ranks, "api-" + std::to_string(getpid()), engine_timeout);
+  // A replacement for an API server that died finds the engine up: it connects before it listens,
+  // since until then it could only answer 503 to requests the other API servers would serve.
+  if (std::filesystem::exists(o.ipc_dir + "/engine-ready")) {
+    const auto deadline = std::chrono::steady_clock::now() + engine_timeout;
+    while (!engine.info() && std::chrono::steady_clock::now() < deadline) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  }
   const Status status = RunApiServer(*tokenizer, engine, o.api);
   return status.ok() ? 0 : Fail(status);
 }
@@ -130,6 +150,21 @@ Status CheckCanListen(const std::string& host, int port) {
   return Status::Ok();
 }
 
+// The command line of a child: the user's, with its role and the IPC directory.
+std::vector<std::string> WithRole(const std::vector<std::string>& argv, const std::string& role,
+                                  const std::string& ipc_dir) {
+  std::vector<std::string> out;
+  for (size_t i = 0; i < argv.size(); ++i) {
+    if (argv[i] == "--role" || argv[i] == "--ipc-dir") {
+      ++i;
+    } else {
+      out.push_back(argv[i]);
+    }
+  }
+  out.insert(out.end(), {"--role", role, "--ipc-dir", ipc_dir});
+  return out;
+}
+
 class Supervisor {
  public:
   Supervisor(const ServeOptions& o, std::vector<std::string> argv) : options_(o), argv_(std::move(argv)) {}
@@ -138,27 +173,56 @@ class Supervisor {
     char pattern[] = "/tmp/moe-serve-XXXXXX";
     if (!mkdtemp(pattern)) return Fail(Status::Error("cannot create a directory for the IPC sockets in /tmp"));
     ipc_dir_ = pattern;
-    engine_pid_ = Spawn("engine");
+    owns_ipc_dir_ = true;
+    engine_pid_ = options_.ranks > 1 ? SpawnRanks() : Spawn("engine");
+    return Supervise();
+  }
+
+  // Only the API servers, for an engine that mpirun started (rank 0 is this process's parent).
+  int RunApiServers() {
+    ipc_dir_ = options_.ipc_dir;
+    return Supervise();
+  }
+
+ private:
+  int Supervise() {
     for (int i = 0; i < options_.api_servers; ++i) SpawnApiServer();
     spdlog::info("serving {} on http://{}:{} with {} API server(s)", ServedModelName(options_), options_.api.host,
                  options_.api.port, options_.api_servers);
     while (failure_.empty() && WaitForTermination(std::chrono::milliseconds(200)) == 0) Reap();
     Shutdown();
-    std::filesystem::remove_all(ipc_dir_);
-    if (!failure_.empty()) return Fail(Status::Error(failure_));
+    if (owns_ipc_dir_) std::filesystem::remove_all(ipc_dir_);
+    // The child printed its own 'error:' line; this one only says what it meant for the server.
+    if (!failure_.empty()) {
+      spdlog::error("{}", failure_);
+      return 1;
+    }
     return 0;
   }
 
- private:
-  pid_t Spawn(const std::string& role) {
-    std::vector<std::string> args = argv_;
-    args.insert(args.end(), {"--role", role, "--ipc-dir", ipc_dir_});
+  pid_t Spawn(const std::string& role) { return Run("/proc/self/exe", WithRole(argv_, role, ipc_dir_)); }
+
+  // The engine ranks as one MPI job on this host; mpirun's exit is the engine's.
+  pid_t SpawnRanks() {
+    std::vector<std::string> args = {"mpirun", "-np", std::to_string(options_.ranks)};
+    if (geteuid() == 0) args.push_back("--allow-run-as-root");
+    args.push_back("--oversubscribe");  // ranks are processes here, not cores
+    const std::vector<std::string> engine = WithRole(argv_, "engine", ipc_dir_);
+    args.push_back(std::filesystem::read_symlink("/proc/self/exe").string());
+    args.insert(args.end(), engine.begin() + 1, engine.end());
+    return Run("mpirun", args);
+  }
+
+  static pid_t Run(const std::string& program, std::vector<std::string> args) {
     std::vector<char*> c_args;
     for (std::string& a : args) c_args.push_back(a.data());
     c_args.push_back(nullptr);
     pid_t pid = -1;
-    if (posix_spawn(&pid, "/proc/self/exe", nullptr, nullptr, c_args.data(), environ) != 0) {
-      spdlog::error("cannot start the {} process", role);
+    const int error = program.find('/') == std::string::npos
+                          ? posix_spawnp(&pid, program.c_str(), nullptr, nullptr, c_args.data(), environ)
+                          : posix_spawn(&pid, program.c_str(), nullptr, nullptr, c_args.data(), environ);
+    if (error != 0) {
+      spdlog::error("cannot start {}: {}", program, std::strerror(error));
       return -1;
     }
     return pid;
@@ -223,10 +287,53 @@ class Supervisor {
   const ServeOptions& options_;
   const std::vector<std::string> argv_;
   std::string ipc_dir_;
+  bool owns_ipc_dir_ = false;
   pid_t engine_pid_ = -1;
   std::map<pid_t, std::chrono::steady_clock::time_point> api_pids_;  // and when each started
   std::string failure_;  // set when the server cannot go on
 };
+
+// `mpirun -np N moe-serve serve ...`: every process is an engine rank; rank 0 also starts the
+// supervisor of the API servers (outside the MPI job) and drains it before the ranks stop.
+int RunUnderMpirun(ServeOptions o, const std::vector<std::string>& argv) {
+  const std::unique_ptr<Communicator> comm = MakeMpiCommunicator();
+  std::string dir;
+  if (comm->rank() == 0) {
+    char pattern[] = "/tmp/moe-serve-XXXXXX";
+    if (mkdtemp(pattern)) dir = pattern;
+  }
+  // Rank 0's directory name, to every rank.
+  const std::vector<int64_t> lengths = comm->AllGather(static_cast<int64_t>(dir.size()));
+  std::string shared(lengths[0], '\0');
+  std::vector<int64_t> counts(comm->size(), 0);
+  counts[0] = lengths[0];
+  comm->AllGatherV({reinterpret_cast<const uint8_t*>(dir.data()), dir.size()},
+                   {reinterpret_cast<uint8_t*>(shared.data()), shared.size()}, counts);
+  if (shared.empty()) return Fail(Status::Error("cannot create a directory for the IPC sockets in /tmp"));
+  o.ipc_dir = shared;
+  o.ranks = comm->size();
+  pid_t api = -1;
+  if (comm->rank() == 0) {
+    std::vector<std::string> args = WithRole(argv, "api-supervisor", o.ipc_dir);
+    args.insert(args.end(), {"--ranks", std::to_string(o.ranks)});
+    std::vector<char*> c_args;
+    for (std::string& a : args) c_args.push_back(a.data());
+    c_args.push_back(nullptr);
+    if (posix_spawn(&api, "/proc/self/exe", nullptr, nullptr, c_args.data(), environ) != 0) api = -1;
+  }
+  auto drain_api_servers = [&] {
+    if (api <= 0) return;
+    kill(api, SIGTERM);
+    waitpid(api, nullptr, 0);
+    api = -1;
+  };
+  const int code = RunEngine(o, *comm, drain_api_servers);
+  if (comm->rank() == 0) {
+    drain_api_servers();
+    std::filesystem::remove_all(o.ipc_dir);
+  }
+  return code;
+}
 
 }  // namespace
 
@@ -240,6 +347,9 @@ CommandRunner AddServeCommand(CLI::App& app, std::vector<std::string> argv) {
   cmd->add_option("--port", o->api.port, "port to listen on")->capture_default_str()->check(CLI::Range(1, 65535));
   cmd->add_option("--api-servers", o->api_servers, "API-server processes sharing the port")
       ->capture_default_str()->check(CLI::Range(1, 64));
+  cmd->add_option("--ranks", o->ranks,
+                  "engine ranks (MPI processes started with mpirun): data-parallel attention, one KV cache each")
+      ->capture_default_str()->check(CLI::Range(1, 256));
   cmd->add_option("--api-key", o->api.api_key, "require 'Authorization: Bearer KEY' on /v1 and /metrics");
   cmd->add_option("--max-num-seqs", o->max_num_seqs, "requests in the running batch")->capture_default_str()
       ->check(CLI::PositiveNumber);
@@ -260,16 +370,34 @@ CommandRunner AddServeCommand(CLI::App& app, std::vector<std::string> argv) {
   cmd->add_option("--engine-timeout", o->engine_timeout_s,
                   "seconds of engine silence after which it counts as gone (503)")
       ->capture_default_str()->check(CLI::PositiveNumber);
-  cmd->add_option("--role", o->role)->group("")->check(CLI::IsMember({"engine", "api"}));
+  cmd->add_option("--role", o->role)->group("")->check(CLI::IsMember({"engine", "api", "api-supervisor"}));
   cmd->add_option("--ipc-dir", o->ipc_dir)->group("");
   return [o, argv = std::move(argv)] {
-    if (o->role == "engine") return RunEngineRole(*o);
+    if (o->role == "engine") {
+      DieWithParent();
+      const std::unique_ptr<Communicator> comm = MakeMpiCommunicator();  // a world of one without mpirun
+      return RunEngine(*o, *comm, [] {});
+    }
     if (o->role == "api") return RunApiRole(*o);
+    if (o->role == "api-supervisor") {
+      DieWithParent();
+      Supervisor supervisor(*o, argv);
+      return supervisor.RunApiServers();
+    }
     if (!std::filesystem::is_directory(o->model)) {
       return Fail(Status::Error("--model: '" + o->model + "' is not a directory"));
     }
     if (auto dtype = ParseDType(o->dtype); !dtype.ok()) return Fail(dtype.status());
-    if (Status s = CheckCanListen(o->api.host, o->api.port); !s.ok()) return Fail(s);
+    // The children would each report a broken model directory; checking the cheap parts here
+    // gives one error line instead of one per process.
+    if (auto config = LoadModelConfig(o->model + "/config.json"); !config.ok()) return Fail(config.status());
+    if (auto tokenizer = Tokenizer::Load(o->model); !tokenizer.ok()) return Fail(tokenizer.status());
+    const char* mpi_rank = std::getenv("OMPI_COMM_WORLD_RANK");  // set by mpirun
+    if (mpi_rank && o->ranks != 1) return Fail(Status::Error("--ranks: not under mpirun, whose -np sets the ranks"));
+    if (!mpi_rank || std::string(mpi_rank) == "0") {
+      if (Status s = CheckCanListen(o->api.host, o->api.port); !s.ok()) return Fail(s);
+    }
+    if (mpi_rank) return RunUnderMpirun(*o, argv);
     Supervisor supervisor(*o, argv);
     return supervisor.Run();
   };

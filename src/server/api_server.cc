@@ -1,9 +1,14 @@
 #include "server/api_server.h"
 
+#include <sys/socket.h>
+
 #include <atomic>
+#include <cctype>
 #include <cstdlib>
+#include <optional>
 #include <random>
 #include <thread>
+#include <utility>
 #include <variant>
 
 #include <httplib.h>
@@ -56,6 +61,7 @@ struct Generation {
   std::vector<Choice> choices;
   std::unordered_map<RequestId, size_t> choice_of;
   std::shared_ptr<RequestStream> stream = std::make_shared<RequestStream>();
+  std::optional<StreamEvent> first_event;  // read before a stream's status line was sent
   int64_t cached_tokens = 0;
 
   bool done() const {
@@ -73,7 +79,7 @@ struct Generation {
 
 class ApiServer {
  public:
-  ApiServer(const Tokenizer& tokenizer, EngineClient& engine, const ApiServerOptions& options)
+  ApiServer(const Tokenizer& tokenizer, EngineGroup& engine, const ApiServerOptions& options)
       : tokenizer_(tokenizer),
         engine_(engine),
         options_(options),
@@ -84,6 +90,15 @@ class ApiServer {
     const int threads = options_.threads;
     server.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
     server.set_payload_max_length(options_.max_body_bytes);
+    // Streamed tokens leave at once rather than waiting on Nagle's algorithm (about 40 ms per
+    // burst, measured), and clients keep their connections.
+    server.set_tcp_nodelay(true);
+    server.set_keep_alive_max_count(1 << 20);
+    int listen_fd = -1;
+    server.set_socket_options([&listen_fd](socket_t fd) {
+      httplib::default_socket_options(fd);  // SO_REUSEADDR and SO_REUSEPORT: API servers share the port
+      listen_fd = fd;
+    });
     server.set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
       return Authorize(req, res) ? httplib::Server::HandlerResponse::Unhandled
                                  : httplib::Server::HandlerResponse::Handled;
@@ -96,6 +111,13 @@ class ApiServer {
       if (res.status == 413) {
         Reply(res, RequestTooLargeError(std::atoll(req.get_header_value("Content-Length").c_str()),
                                         options_.max_body_bytes));
+      } else if (res.status == 404 && !AllowedMethod(req.path).empty()) {
+        ApiError error = InvalidRequestError(req.method + " is not allowed on " + req.path + "; use " +
+                                             AllowedMethod(req.path));
+        error.status = 405;
+        error.code = "method_not_allowed";
+        Reply(res, error);
+        res.set_header("Allow", AllowedMethod(req.path));
       } else if (res.status == 404) {
         Reply(res, NotFoundError("no route for " + req.method + " " + req.path));
       } else {
@@ -119,6 +141,9 @@ class ApiServer {
       return Status::Error("cannot listen on " + options_.host + ":" + std::to_string(options_.port) +
                            " (in use, or not an address of this host)");
     }
+    // httplib listens with a backlog of 5: under many connecting clients the queue overflows and
+    // connects stall for a second. Listening again raises it.
+    ::listen(listen_fd, SOMAXCONN);
     spdlog::info("API server listening on http://{}:{}", options_.host, options_.port);
     std::thread listener([&] { server.listen_after_bind(); });
     while (WaitForTermination(std::chrono::seconds(1)) == 0) {
@@ -203,7 +228,32 @@ class ApiServer {
     return ids;
   }
 
+  // "application/json", in any case, with or without parameters ("; charset=utf-8").
+  static bool IsJsonMediaType(const std::string& content_type) {
+    std::string media;
+    for (char c : content_type.substr(0, content_type.find(';'))) {
+      if (c != ' ' && c != '\t') media += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    }
+    return media == "application/json";
+  }
+
+  // The method a known path takes; empty for an unknown path.
+  static std::string AllowedMethod(const std::string& path) {
+    if (path == "/v1/completions" || path == "/v1/chat/completions") return "POST";
+    if (path == "/health" || path == "/v1/models" || path == "/metrics") return "GET";
+    return "";
+  }
+
   void Generate(const httplib::Request& req, httplib::Response& res, bool chat) {
+    // A body sent as something other than JSON (curl -d's form encoding, text/plain) is refused
+    // rather than guessed at; no Content-Type at all is taken as JSON.
+    if (const std::string type = req.get_header_value("Content-Type"); !type.empty() && !IsJsonMediaType(type)) {
+      ApiError error = InvalidRequestError("Unsupported Content-Type '" + type +
+                                           "': send the request body as 'application/json'.");
+      error.status = 415;
+      error.code = "unsupported_media_type";
+      return Reply(res, error);
+    }
     auto parsed = chat ? ParseChatRequest(req.body, limits_) : ParseCompletionRequest(req.body, limits_);
     if (const auto* error = std::get_if<ApiError>(&parsed)) return Reply(res, *error);
     const auto info = engine_.info();
@@ -222,6 +272,15 @@ class ApiServer {
       Collect(*g, res);
       --in_flight_;
       return;
+    }
+    // The status line waits for the first event, so that a request the engine refuses (a full
+    // queue: 429) gets its HTTP status like a non-streamed one, not a 200 and an error event.
+    while (!g->first_event && !shutting_down_) g->first_event = g->stream->Next(kPoll);
+    if (!g->first_event || g->first_event->error) {
+      AbortAll(*g);
+      --in_flight_;
+      if (!g->first_event) return Reply(res, ServiceUnavailableError("the server is shutting down"));
+      return Reply(res, std::get<ApiError>(Advance(*g, *g->first_event)));
     }
     res.set_header("Cache-Control", "no-cache");
     res.set_chunked_content_provider(
@@ -242,7 +301,6 @@ class ApiServer {
     std::vector<EngineRequest> requests;
     for (int64_t i = 0; i < r.n; ++i) {
       EngineRequest e;
-      e.id = engine_.NewRequestId();
       e.prompt = g.prompt;
       e.max_tokens = max_tokens;
       e.min_tokens = r.min_tokens;
@@ -252,11 +310,14 @@ class ApiServer {
       e.eos_id = tokenizer_.eos_id();
       e.ignore_eos = r.ignore_eos;
       e.stop_token_ids = r.stop_token_ids;
-      g.choice_of[e.id] = g.choices.size();
-      g.choices.emplace_back(i, e.id, tokenizer_, r.stop);
       requests.push_back(std::move(e));
     }
-    for (EngineRequest& e : requests) engine_.Submit(std::move(e), g.stream);
+    // Choices are registered before any event is read: events wait in the stream until then.
+    const std::vector<RequestId> ids = engine_.Submit(std::move(requests), g.stream);
+    for (int64_t i = 0; i < r.n; ++i) {
+      g.choice_of[ids[i]] = g.choices.size();
+      g.choices.emplace_back(i, ids[i], tokenizer_, r.stop);
+    }
   }
 
   // Applies one event to its choice: the text and log-probs it adds, and whether it finished it.
@@ -342,14 +403,14 @@ class ApiServer {
     std::vector<ChoiceResult> results(g.choices.size());
     for (size_t i = 0; i < results.size(); ++i) results[i].index = static_cast<int64_t>(i);
     while (!g.done()) {
-      auto event = g.stream->Next(kPoll);
-      if (!event) {
-        if (shutting_down_) {
-          AbortAll(g);
-          return Reply(res, ServiceUnavailableError("the server is shutting down"));
-        }
-        continue;
+      // Checked before each wait, not only when one times out: a request still producing tokens
+      // must stop too when the grace period is over.
+      if (shutting_down_) {
+        AbortAll(g);
+        return Reply(res, ServiceUnavailableError("the server is shutting down"));
       }
+      auto event = g.stream->Next(kPoll);
+      if (!event) continue;
       auto delta = Advance(g, *event);
       if (const auto* error = std::get_if<ApiError>(&delta)) {
         AbortAll(g);
@@ -370,15 +431,14 @@ class ApiServer {
       return sink.write(event.data(), event.size());
     };
     while (!g.done()) {
-      auto event = g.stream->Next(kPoll);
-      if (!event) {
-        if (shutting_down_) {
-          AbortAll(g);
-          send(ErrorJson(ServiceUnavailableError("the server is shutting down")));
-          break;
-        }
-        continue;
+      if (shutting_down_) {  // before each wait, as in Collect
+        AbortAll(g);
+        send(ErrorJson(ServiceUnavailableError("the server is shutting down")));
+        break;
       }
+      std::optional<StreamEvent> event = std::exchange(g.first_event, std::nullopt);
+      if (!event) event = g.stream->Next(kPoll);
+      if (!event) continue;
       auto delta = Advance(g, *event);
       if (const auto* error = std::get_if<ApiError>(&delta)) {
         AbortAll(g);
@@ -398,7 +458,7 @@ class ApiServer {
   }
 
   const Tokenizer& tokenizer_;
-  EngineClient& engine_;
+  EngineGroup& engine_;
   const ApiServerOptions& options_;
   const ParseLimits limits_;
   const int64_t started_ = UnixSeconds();
@@ -408,7 +468,7 @@ class ApiServer {
 
 }  // namespace
 
-Status RunApiServer(const Tokenizer& tokenizer, EngineClient& engine, const ApiServerOptions& options) {
+Status RunApiServer(const Tokenizer& tokenizer, EngineGroup& engine, const ApiServerOptions& options) {
   ApiServer server(tokenizer, engine, options);
   return server.Run();
 }

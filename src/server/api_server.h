@@ -8,7 +8,7 @@
 #include <string>
 
 #include "base/status.h"
-#include "server/engine_client.h"
+#include "server/engine_group.h"
 #include "tokenizer/tokenizer.h"
 
 namespace moe {
@@ -28,6 +28,6 @@ struct ApiServerOptions {
 
 // Serves until SIGTERM or SIGINT, then drains (see shutdown_grace) and returns. Fails when the
 // port cannot be bound.
-Status RunApiServer(const Tokenizer& tokenizer, EngineClient& engine, const ApiServerOptions& options);
+Status RunApiServer(const Tokenizer& tokenizer, EngineGroup& engine, const ApiServerOptions& options);
 
 }  // namespace moe

@@ -1,7 +1,5 @@
 #include "server/engine_client.h"
 
-#include <unistd.h>
-
 #include <spdlog/spdlog.h>
 #include <zmq_addon.hpp>
 
@@ -39,6 +37,10 @@ EngineClient::EngineClient(const EngineEndpoints& endpoints, std::string client_
   monitor_.connect(monitor_address);
   outputs_.connect(endpoints.outputs);
   requests_.set(zmq::sockopt::sndhwm, 0);
+  // Messages still queued for a gone engine (a hello, an abort) must not hold up this process's
+  // exit: by default closing the context waits for them forever.
+  requests_.set(zmq::sockopt::linger, 0);
+  outputs_.set(zmq::sockopt::linger, 0);
   requests_.connect(endpoints.requests);
   // Queued until the engine binds: an API server may start before the engine.
   outputs_.send(zmq::buffer(Encode(ToEngine(HelloMessage{client_id_}))), zmq::send_flags::none);
@@ -60,15 +62,9 @@ std::string EngineClient::unavailable_reason() const {
   return unavailable_;
 }
 
-EngineLoad EngineClient::load() const {
+std::pair<EngineLoad, uint64_t> EngineClient::load() const {
   std::lock_guard lock(mutex_);
-  return load_;
-}
-
-// The pid keeps ids apart between API servers on one host (and a restarted one gets a new pid);
-// the counter within one.
-RequestId EngineClient::NewRequestId() {
-  return (static_cast<RequestId>(getpid()) << 32) | (next_request_++ & 0xffffffff);
+  return {load_, load_reports_};
 }
 
 void EngineClient::Submit(EngineRequest request, std::shared_ptr<RequestStream> stream) {
@@ -154,6 +150,7 @@ void EngineClient::Receive(FromEngine message) {
     }
   } else if (auto* step = std::get_if<StepMessage>(&message)) {
     load_ = step->load;
+    ++load_reports_;
     for (RequestError& error : step->errors) {
       auto it = streams_.find(error.id);
       if (it == streams_.end()) continue;

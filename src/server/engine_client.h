@@ -60,10 +60,8 @@ class EngineClient {
   std::optional<EngineInfo> info() const;
   // Why info() is empty: starting, or gone (and why).
   std::string unavailable_reason() const;
-  EngineLoad load() const;
-
-  // A request id no other live API server uses.
-  RequestId NewRequestId();
+  // The last load the engine reported, and how many reports came so far.
+  std::pair<EngineLoad, uint64_t> load() const;
   // Sends the request; its events arrive on `stream`, which several requests may share (the
   // choices of one HTTP request). When the engine is unavailable the stream gets a 503 at once.
   void Submit(EngineRequest request, std::shared_ptr<RequestStream> stream);
@@ -89,10 +87,10 @@ class EngineClient {
   std::optional<EngineInfo> info_;
   std::string unavailable_ = "the engine is starting";
   EngineLoad load_;
+  uint64_t load_reports_ = 0;
   std::unordered_map<RequestId, std::shared_ptr<RequestStream>> streams_;
   std::unordered_map<uint64_t, std::promise<std::string>> metrics_queries_;
   uint64_t next_query_ = 0;
-  std::atomic<int64_t> next_request_{0};
   std::chrono::steady_clock::time_point last_heard_;
 
   std::atomic<bool> stop_{false};

@@ -24,14 +24,16 @@ double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).coun
 
 class EngineCore {
  public:
-  EngineCore(Engine& engine, const ExpertLoadCounter& expert_load, const EngineCoreOptions& options)
-      : engine_(engine), expert_load_(expert_load), options_(options) {}
+  EngineCore(Engine& engine, const ExpertLoadCounter& expert_load, const EngineCoreOptions& options,
+             Communicator& comm)
+      : engine_(engine), expert_load_(expert_load), options_(options), comm_(comm) {}
 
   Status Run(const std::atomic<bool>& stop) {
     try {
       requests_.bind(options_.endpoints.requests);
       outputs_.set(zmq::sockopt::router_mandatory, 1);  // a send to a gone API server fails
       outputs_.set(zmq::sockopt::sndhwm, 0);             // never block the step loop on a slow one
+      outputs_.set(zmq::sockopt::linger, 0);             // nor the exit on a gone one
       outputs_.bind(options_.endpoints.outputs);
     } catch (const zmq::error_t& e) {
       return Status::Error(std::string("engine core: cannot bind its sockets: ") + e.what());
@@ -43,8 +45,14 @@ class EngineCore {
       zmq::poll(items, 2, busy ? std::chrono::milliseconds(0) : kHeartbeat);
       DrainRequests();
       DrainHellos();
-      if (engine_.HasUnfinishedRequests()) Step();
-      if (Clock::now() - last_heartbeat >= kHeartbeat) {
+      // An abort's output comes out of the next step: take it even when nothing else runs, or the
+      // abort would go uncounted (and its load unreleased) until the next request.
+      const bool stepped = engine_.HasUnfinishedRequests() || aborted_;
+      if (stepped) Step();
+      aborted_ = false;
+      // Every API server hears the load after each step (it routes by it), and at least every
+      // heartbeat (silence means the engine is gone).
+      if (stepped || Clock::now() - last_heartbeat >= kHeartbeat) {
         for (const std::string& client : clients_) pending_[client];
         last_heartbeat = Clock::now();
       }
@@ -58,6 +66,7 @@ class EngineCore {
     std::string client;
     Clock::time_point arrival, last_token;
     int64_t num_outputs = 0;
+    int64_t num_prompt = 0;
   };
 
   void DrainRequests() {
@@ -72,6 +81,7 @@ class EngineCore {
         Submit(std::move(*submit));
       } else if (auto* abort = std::get_if<AbortMessage>(&*decoded)) {
         for (RequestId id : abort->ids) engine_.Abort(id);
+        aborted_ = true;
       } else if (auto* query = std::get_if<MetricsQuery>(&*decoded)) {
         SendTo(query->client, Encode(FromEngine(MetricsReply{query->query_id, RenderMetrics()})));
       }
@@ -108,12 +118,15 @@ class EngineCore {
     }
     metrics_.AddPromptTokens(prompt_tokens);
     const auto now = Clock::now();
-    tracked_[id] = {submit.client, now, now};
+    tracked_[id] = {submit.client, now, now, 0, prompt_tokens};
+    load_tokens_ += prompt_tokens;
   }
 
   void Step() {
+    const auto start = Clock::now();
     std::vector<RequestOutput> outputs = engine_.Step();
     const auto now = Clock::now();
+    metrics_.CountStep(Seconds(now - start));
     for (RequestOutput& out : outputs) {
       auto it = tracked_.find(out.id);
       if (it == tracked_.end()) continue;  // its API server is gone
@@ -127,6 +140,7 @@ class EngineCore {
         }
         t.num_outputs += n;
         t.last_token = now;
+        load_tokens_ += n;
         metrics_.AddGenerationTokens(n);
       }
       if (out.finished) {
@@ -134,7 +148,10 @@ class EngineCore {
         metrics_.CountFinished(out.finish_reason);
       }
       const std::string client = t.client;
-      if (out.finished) tracked_.erase(it);
+      if (out.finished) {
+        load_tokens_ -= t.num_prompt + t.num_outputs;
+        tracked_.erase(it);
+      }
       pending_[client].outputs.push_back(std::move(out));
     }
   }
@@ -142,7 +159,7 @@ class EngineCore {
   // One message per API server per step: all its requests' new tokens, and the engine's load.
   void Flush() {
     const EngineLoad load{engine_.scheduler().num_running(), engine_.scheduler().num_waiting(),
-                          engine_.scheduler().kv_cache().usage()};
+                          engine_.scheduler().kv_cache().usage(), load_tokens_};
     for (auto& [client, step] : pending_) {
       step.load = load;
       SendTo(client, Encode(FromEngine(std::move(step))));
@@ -167,6 +184,7 @@ class EngineCore {
     for (auto it = tracked_.begin(); it != tracked_.end();) {
       if (it->second.client == client) {
         engine_.Abort(it->first);
+        load_tokens_ -= it->second.num_prompt + it->second.num_outputs;
         it = tracked_.erase(it);
       } else {
         ++it;
@@ -190,24 +208,28 @@ class EngineCore {
   Engine& engine_;
   const ExpertLoadCounter& expert_load_;
   const EngineCoreOptions& options_;
+  Communicator& comm_;
   zmq::context_t context_{1};
   zmq::socket_t requests_{context_, zmq::socket_type::pull};
   zmq::socket_t outputs_{context_, zmq::socket_type::router};
   std::set<std::string> clients_;
   std::unordered_map<RequestId, Tracked> tracked_;
+  bool aborted_ = false;  // requests were aborted since the last step
+  int64_t load_tokens_ = 0;  // prompt and output tokens of tracked requests
   std::map<std::string, StepMessage> pending_;
   ServingMetrics metrics_;
 };
 
 }  // namespace
 
-EngineEndpoints IpcEndpoints(const std::string& dir) {
-  return {"ipc://" + dir + "/requests", "ipc://" + dir + "/outputs"};
+EngineEndpoints IpcEndpoints(const std::string& dir, int rank) {
+  const std::string rank_suffix = std::to_string(rank);
+  return {"ipc://" + dir + "/requests-" + rank_suffix, "ipc://" + dir + "/outputs-" + rank_suffix};
 }
 
 Status RunEngineCore(Engine& engine, const ExpertLoadCounter& expert_load, const EngineCoreOptions& options,
-                     const std::atomic<bool>& stop) {
-  EngineCore core(engine, expert_load, options);
+                     Communicator& comm, const std::atomic<bool>& stop) {
+  EngineCore core(engine, expert_load, options, comm);
   return core.Run(stop);
 }
 

@@ -7,6 +7,7 @@
 #include <string>
 
 #include "base/status.h"
+#include "dist/communicator.h"
 #include "engine/engine.h"
 #include "engine/expert_load.h"
 #include "server/engine_messages.h"
@@ -18,8 +19,8 @@ struct EngineEndpoints {
   std::string outputs;   // and a ROUTER here: hellos in; info, step outputs and metrics out
 };
 
-// Endpoints for an engine and its API servers on one host: IPC sockets under `dir`.
-EngineEndpoints IpcEndpoints(const std::string& dir);
+// Endpoints for engine rank `rank` and the API servers on one host: IPC sockets under `dir`.
+EngineEndpoints IpcEndpoints(const std::string& dir, int rank);
 
 struct EngineCoreOptions {
   EngineEndpoints endpoints;
@@ -27,8 +28,11 @@ struct EngineCoreOptions {
   int64_t max_waiting = 1024;  // submits beyond this many waiting requests get a 429
 };
 
-// Runs until `stop` is set. Fails only if the sockets cannot be bound.
+// Runs until rank 0's `stop` is set (other ranks' flags are ignored: every rank must leave the loop
+// at the same step, and rank 0 decides when its API servers have drained). All ranks of `comm`
+// step together: a step runs on every rank when any has work. Fails only if the sockets cannot be
+// bound.
 Status RunEngineCore(Engine& engine, const ExpertLoadCounter& expert_load, const EngineCoreOptions& options,
-                     const std::atomic<bool>& stop);
+                     Communicator& comm, const std::atomic<bool>& stop);
 
 }  // namespace moe

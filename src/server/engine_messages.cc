@@ -134,7 +134,7 @@ json ToJson(const FromEngine& message) {
           return {{"type", "step"},
                   {"outputs", std::move(outputs)},
                   {"errors", std::move(errors)},
-                  {"load", {m.load.num_running, m.load.num_waiting, m.load.kv_cache_usage}}};
+                  {"load", {m.load.num_running, m.load.num_waiting, m.load.kv_cache_usage, m.load.num_tokens}}};
         } else {
           return {{"type", "metrics"}, {"query_id", m.query_id}, {"text", m.text}};
         }
@@ -190,7 +190,8 @@ Expected<FromEngine> DecodeFromEngine(std::string_view bytes) {
             {e.at("id").get<RequestId>(), e.at("status").get<int>(), e.at("message").get<std::string>()});
       }
       const json& load = j.at("load");
-      step.load = {load.at(0).get<int64_t>(), load.at(1).get<int64_t>(), load.at(2).get<double>()};
+      step.load = {load.at(0).get<int64_t>(), load.at(1).get<int64_t>(), load.at(2).get<double>(),
+                   load.at(3).get<int64_t>()};
       return FromEngine(std::move(step));
     }
     if (type == "metrics") {

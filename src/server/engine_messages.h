@@ -42,6 +42,7 @@ struct EngineLoad {
   int64_t num_running = 0;
   int64_t num_waiting = 0;
   double kv_cache_usage = 0;  // fraction of blocks in use
+  int64_t num_tokens = 0;     // prompt and generated tokens of its unfinished requests
 };
 // A request the engine refused or could not run. `status` is the HTTP status it maps to.
 struct RequestError {

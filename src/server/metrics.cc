@@ -49,6 +49,10 @@ std::string ServingMetrics::Render(const EngineGauges& g,
   scalar("moe:num_preemptions_total", "counter", "Requests preempted for lack of cache blocks.", g.num_preemptions);
   scalar("moe:prompt_tokens_total", "counter", "Prompt tokens of admitted requests.", prompt_tokens_);
   scalar("moe:generation_tokens_total", "counter", "Generated tokens.", generation_tokens_);
+  scalar("moe:engine_steps_total", "counter", "Engine steps run.", steps_);
+  scalar("moe:engine_step_seconds_total", "counter",
+         "Time the engine loop spent in steps; the rest of the wall time it waited for work or did I/O.",
+         step_seconds_);
   metric("moe:request_success_total", "counter", "Finished requests by finish reason.");
   for (const auto& [reason, count] : finished_) {
     out += fmt::format("moe:request_success_total{{finished_reason=\"{}\"}} {}\n", reason, count);

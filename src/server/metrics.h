@@ -47,6 +47,11 @@ class ServingMetrics {
   void AddPromptTokens(int64_t n) { prompt_tokens_ += n; }
   void AddGenerationTokens(int64_t n) { generation_tokens_ += n; }
   void CountFinished(const std::string& reason) { ++finished_[reason]; }
+  // One engine step that took `seconds`: with the wall time, how busy the step loop is.
+  void CountStep(double seconds) {
+    ++steps_;
+    step_seconds_ += seconds;
+  }
 
   std::string Render(const EngineGauges& gauges, const std::vector<ExpertLoadCounter::LayerLoad>& expert_load) const;
 
@@ -55,6 +60,8 @@ class ServingMetrics {
   int64_t prompt_tokens_ = 0;
   int64_t generation_tokens_ = 0;
   std::map<std::string, int64_t> finished_;
+  int64_t steps_ = 0;
+  double step_seconds_ = 0;
 };
 
 }  // namespace moe

@@ -87,7 +87,7 @@ TEST(EngineMessages, StepSurvivesTheWire) {
   out.num_cached_tokens = 16;
   step.outputs.push_back(out);
   step.errors.push_back({12, 429, "full"});
-  step.load = {3, 4, 0.5};
+  step.load = {3, 4, 0.5, 99};
   auto decoded = DecodeFromEngine(Encode(FromEngine(step)));
   ASSERT_TRUE(decoded.ok()) << decoded.status().message();
   const auto& d = std::get<StepMessage>(*decoded);
@@ -108,6 +108,7 @@ TEST(EngineMessages, StepSurvivesTheWire) {
   EXPECT_EQ(d.load.num_running, 3);
   EXPECT_EQ(d.load.num_waiting, 4);
   EXPECT_EQ(d.load.kv_cache_usage, 0.5);
+  EXPECT_EQ(d.load.num_tokens, 99);
 }
 
 TEST(EngineMessages, GarbageIsAnErrorNotACrash) {
