@@ -21,10 +21,12 @@
 #include <spdlog/spdlog.h>
 
 #include "apps/commands.h"
+#include "base/resident_memory.h"
 #include "base/termination.h"
 #include "engine/engine.h"
 #include "engine/expert_load.h"
 #include "model/config.h"
+#include "model/expert_parallel.h"
 #include "server/api_server.h"
 #include "server/engine_core.h"
 #include "server/engine_group.h"
@@ -42,6 +44,7 @@ struct ServeOptions {
   std::string dtype = "w8a8";
   int api_servers = 1;
   int ranks = 1;
+  std::string moe_exchange = "all-to-all";
   ApiServerOptions api;
   int64_t max_num_seqs = 64;
   int64_t max_num_batched_tokens = 2048;
@@ -82,15 +85,33 @@ int RunEngine(const ServeOptions& o, Communicator& comm, const std::function<voi
   };
   auto dtype = ParseDType(o.dtype);
   if (!dtype.ok()) return finish(Fail(dtype.status()));
-  auto model = DeepseekV3Model::Load(o.model, *dtype);
+  // Several ranks split the routed experts (expert parallelism): each loads and runs its own.
+  auto model_config = LoadModelConfig(o.model + "/config.json");
+  if (!model_config.ok()) return finish(Fail(model_config.status()));
+  auto placement = ExpertPlacement::Contiguous(model_config->n_routed_experts, comm.size());
+  if (comm.size() > 1 && !placement.ok()) return finish(Fail(placement.status()));
+  ExpertFilter own_experts;
+  if (comm.size() > 1) own_experts = [&](int64_t e) { return placement->owner(static_cast<int32_t>(e)) == comm.rank(); };
+  auto model = DeepseekV3Model::Load(o.model, *dtype, own_experts);
   if (!model.ok()) return finish(Fail(model.status()));
   EngineConfig config;
   config.block_size = o.block_size;
   config.kv_cache_memory_bytes = static_cast<int64_t>(o.kv_cache_gib * (1 << 30));
   config.scheduler.max_num_seqs = o.max_num_seqs;
   config.scheduler.max_num_batched_tokens = o.max_num_batched_tokens;
-  LocalExpertBackend local;
-  ExpertLoadCounter experts(local, (*model)->config().first_k_dense_replace);
+  std::unique_ptr<ExpertBackend> backend;
+  if (comm.size() > 1) {
+    const MoeExchange exchange =
+        o.moe_exchange == "all-gather" ? MoeExchange::kAllGatherReduceScatter : MoeExchange::kAllToAll;
+    backend = std::make_unique<ExpertParallelBackend>(comm, *placement, exchange, *dtype == DType::kI8);
+    const std::vector<int32_t> mine = placement->experts_of(comm.rank());
+    spdlog::info("engine rank {} of {}: routed experts {}-{} of {} ({}), {:.2f} GiB resident", comm.rank(),
+                 comm.size(), mine.front(), mine.back(), model_config->n_routed_experts, o.moe_exchange,
+                 static_cast<double>(ResidentBytes()) / (1 << 30));
+  } else {
+    backend = std::make_unique<LocalExpertBackend>();
+  }
+  ExpertLoadCounter experts(*backend, (*model)->config().first_k_dense_replace);
   Engine engine(**model, experts, config);
   spdlog::info("engine rank {} of {}: KV cache holds {} tokens", comm.rank(), comm.size(), engine.kv_capacity_tokens());
   EngineCoreOptions core;
@@ -348,8 +369,13 @@ CommandRunner AddServeCommand(CLI::App& app, std::vector<std::string> argv) {
   cmd->add_option("--api-servers", o->api_servers, "API-server processes sharing the port")
       ->capture_default_str()->check(CLI::Range(1, 64));
   cmd->add_option("--ranks", o->ranks,
-                  "engine ranks (MPI processes started with mpirun): data-parallel attention, one KV cache each")
+                  "engine ranks (MPI processes started with mpirun): data-parallel attention with one KV cache "
+                  "each, routed experts split over the ranks")
       ->capture_default_str()->check(CLI::Range(1, 256));
+  cmd->add_option("--moe-exchange", o->moe_exchange,
+                  "how tokens reach the ranks owning their experts when there are several: all-to-all, or "
+                  "all-gather (every rank gathers every token, results come back by reduce-scatter)")
+      ->capture_default_str()->check(CLI::IsMember({"all-to-all", "all-gather"}));
   cmd->add_option("--api-key", o->api.api_key, "require 'Authorization: Bearer KEY' on /v1 and /metrics");
   cmd->add_option("--max-num-seqs", o->max_num_seqs, "requests in the running batch")->capture_default_str()
       ->check(CLI::PositiveNumber);

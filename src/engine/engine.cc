@@ -101,7 +101,9 @@ std::vector<RequestOutput> Engine::Step() {
   }
 
   std::vector<RequestStepOutput> step_outputs;
-  if (!chunks.empty()) {
+  if (chunks.empty()) {
+    model_.RunEmptyBatch(experts_);
+  } else {
     const Tensor hidden = model_.Forward(chunks, cache_, experts_);
     const int64_t width = hidden.dim(1), vocab = model_.config().vocab_size;
     Tensor last = Tensor::F32({static_cast<int64_t>(sample_rows.size()), width});

@@ -57,7 +57,9 @@ class Engine {
   // Ends a request now and frees its blocks; its last output says "abort". Unknown ids are ignored.
   void Abort(RequestId id);
 
-  // One batch: the outputs of every request that produced a token or finished.
+  // One batch: the outputs of every request that produced a token or finished. A step with
+  // nothing to run still enters the experts' exchanges (DeepseekV3Model::RunEmptyBatch): under
+  // expert parallelism every rank steps when any rank has work.
   std::vector<RequestOutput> Step();
 
   bool HasUnfinishedRequests() const { return scheduler_.has_unfinished_requests(); }

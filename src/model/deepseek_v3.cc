@@ -8,10 +8,11 @@
 
 namespace moe {
 
-Expected<std::unique_ptr<DeepseekV3Model>> DeepseekV3Model::Load(const std::string& dir, DType dtype) {
+Expected<std::unique_ptr<DeepseekV3Model>> DeepseekV3Model::Load(const std::string& dir, DType dtype,
+                                                                  const ExpertFilter& load_expert) {
   MOE_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(dir + "/config.json"));
   MOE_ASSIGN_OR_RETURN(Checkpoint checkpoint, Checkpoint::Open(dir));
-  MOE_ASSIGN_OR_RETURN(ModelWeights weights, LoadModelWeights(checkpoint, config, dtype));
+  MOE_ASSIGN_OR_RETURN(ModelWeights weights, LoadModelWeights(checkpoint, config, dtype, load_expert));
   return std::unique_ptr<DeepseekV3Model>(new DeepseekV3Model(std::move(config), std::move(weights), dtype));
 }
 
@@ -100,6 +101,12 @@ Tensor DeepseekV3Model::Run(std::span<const int32_t> tokens, std::span<const Mla
   kernels::RmsNorm(h.data<float>(), weights_.final_norm.data<float>(), h.dim(0), config_.hidden_size,
                    static_cast<float>(config_.rms_norm_eps), h.data<float>());
   return h;
+}
+
+void DeepseekV3Model::RunEmptyBatch(ExpertBackend& experts) const {
+  for (const LayerWeights& layer : weights_.layers) {
+    if (layer.moe) experts.Run(*layer.moe, nullptr, 0, nullptr, nullptr, config_.num_experts_per_tok, nullptr);
+  }
 }
 
 Tensor DeepseekV3Model::Logits(const float* hidden, int64_t rows) const {

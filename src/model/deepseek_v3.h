@@ -25,7 +25,9 @@ struct SequenceChunk {
 class DeepseekV3Model {
  public:
   // Reads config.json and the safetensors of `dir`; `dtype` is the precision of linear layers: kF32, kBF16 or kI8 (A8W8).
-  static Expected<std::unique_ptr<DeepseekV3Model>> Load(const std::string& dir, DType dtype);
+  // Only the routed experts `load_expert` accepts are loaded (all when it is empty).
+  static Expected<std::unique_ptr<DeepseekV3Model>> Load(const std::string& dir, DType dtype,
+                                                         const ExpertFilter& load_expert = {});
 
   const ModelConfig& config() const { return config_; }
   bool has_mtp() const { return weights_.mtp.has_value(); }
@@ -51,6 +53,10 @@ class DeepseekV3Model {
   // [tokens, hidden].
   Tensor Forward(std::span<const int32_t> tokens, SequenceKvCache& cache, AttentionForm form,
                  ExpertBackend& experts) const;
+
+  // A step with nothing to run on this rank while others run theirs: enters every MoE layer's
+  // expert exchange with no tokens, as expert parallelism needs every rank in every exchange.
+  void RunEmptyBatch(ExpertBackend& experts) const;
 
   // lm_head over `rows` final hidden states: [rows, vocab].
   Tensor Logits(const float* hidden, int64_t rows) const;

@@ -80,7 +80,7 @@ AttentionWeights LoadAttention(TensorLoader& loader, const std::string& prefix, 
   return a;
 }
 
-LayerWeights LoadLayer(TensorLoader& loader, int64_t index, const ModelConfig& c) {
+LayerWeights LoadLayer(TensorLoader& loader, int64_t index, const ModelConfig& c, const ExpertFilter& load_expert) {
   const std::string prefix = "model.layers." + std::to_string(index) + ".";
   LayerWeights layer;
   layer.input_norm = loader.F32(prefix + "input_layernorm.weight", {c.hidden_size});
@@ -95,9 +95,11 @@ LayerWeights LoadLayer(TensorLoader& loader, int64_t index, const ModelConfig& c
   if (c.topk_method == TopkMethod::kNoauxTc) {
     moe.score_bias = loader.F32(prefix + "mlp.gate.e_score_correction_bias", {c.n_routed_experts});
   }
+  moe.experts.resize(c.n_routed_experts);
   for (int64_t e = 0; e < c.n_routed_experts; ++e) {
-    moe.experts.push_back(LoadMlp(loader, prefix + "mlp.experts." + std::to_string(e) + ".",
-                                  c.hidden_size, c.moe_intermediate_size));
+    if (load_expert && !load_expert(e)) continue;
+    moe.experts[e] =
+        LoadMlp(loader, prefix + "mlp.experts." + std::to_string(e) + ".", c.hidden_size, c.moe_intermediate_size);
   }
   if (c.n_shared_experts > 0) {
     moe.shared = LoadMlp(loader, prefix + "mlp.shared_experts.", c.hidden_size,
@@ -142,13 +144,14 @@ Linear MakeLinear(Tensor w, DType dtype) {
   return linear;
 }
 
-Expected<ModelWeights> LoadModelWeights(const Checkpoint& checkpoint, const ModelConfig& c, DType dtype) {
+Expected<ModelWeights> LoadModelWeights(const Checkpoint& checkpoint, const ModelConfig& c, DType dtype,
+                                        const ExpertFilter& load_expert) {
   MOE_CHECK(dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kI8, "unsupported run dtype");
   TensorLoader loader(checkpoint, dtype);
   ModelWeights w;
   w.embed = loader.F32("model.embed_tokens.weight", {c.vocab_size, c.hidden_size});
   for (int64_t i = 0; i < c.num_hidden_layers && loader.status().ok(); ++i) {
-    w.layers.push_back(LoadLayer(loader, i, c));
+    w.layers.push_back(LoadLayer(loader, i, c, load_expert));
   }
   w.final_norm = loader.F32("model.norm.weight", {c.hidden_size});
   // lm_head stays BF16 under W8A8: INT8 there cost most of the logits' accuracy on random tiny models
@@ -167,7 +170,7 @@ Expected<ModelWeights> LoadModelWeights(const Checkpoint& checkpoint, const Mode
     mtp.eh_proj = loader.LoadLinear(prefix + "eh_proj.weight", c.hidden_size, 2 * c.hidden_size);
     mtp.head_norm = loader.F32(prefix + "shared_head.norm.weight", {c.hidden_size});
     mtp.head = MakeLinear(loader.F32(prefix + "shared_head.head.weight", {c.vocab_size, c.hidden_size}), head_dtype);
-    mtp.block = LoadLayer(loader, index, c);
+    mtp.block = LoadLayer(loader, index, c, load_expert);
   }
   if (!loader.status().ok()) return loader.status();
   return w;

@@ -3,6 +3,7 @@
 // embeddings in F32.
 #pragma once
 
+#include <functional>
 #include <optional>
 #include <vector>
 
@@ -73,8 +74,12 @@ struct ModelWeights {
 void SplitAbsorbedWeights(const ModelConfig& config, const Tensor& kv_b_f32, DType dtype,
                           AttentionWeights& attention);
 
-// `dtype` is the run precision of linear layers: kF32, kBF16 or kI8.
+// Whether this process runs routed expert `e` (of every MoE layer); an empty one: all of them.
+using ExpertFilter = std::function<bool(int64_t e)>;
+
+// `dtype` is the run precision of linear layers: kF32, kBF16 or kI8. Routed experts the filter
+// turns down stay empty (other ranks run them).
 Expected<ModelWeights> LoadModelWeights(const Checkpoint& checkpoint, const ModelConfig& config,
-                                        DType dtype);
+                                        DType dtype, const ExpertFilter& load_expert = {});
 
 }  // namespace moe

@@ -20,6 +20,10 @@ using Clock = std::chrono::steady_clock;
 // silence means the engine is gone.
 constexpr auto kHeartbeat = std::chrono::milliseconds(200);
 
+constexpr auto kLockstepIdleWait = std::chrono::milliseconds(5);
+// Each rank's word in the per-iteration all-reduce (max): any rank stopping outranks any working.
+constexpr int64_t kWorkFlag = 1, kStopFlag = 2;
+
 double Seconds(Clock::duration d) { return std::chrono::duration<double>(d).count(); }
 
 class EngineCore {
@@ -39,15 +43,21 @@ class EngineCore {
       return Status::Error(std::string("engine core: cannot bind its sockets: ") + e.what());
     }
     auto last_heartbeat = Clock::now();
-    while (!stop.load()) {
+    // An idle rank of several listens this long between asking the others whether any has work.
+    const auto idle_wait = comm_.size() > 1 ? kLockstepIdleWait : kHeartbeat;
+    while (true) {
       const bool busy = engine_.HasUnfinishedRequests();
       zmq::pollitem_t items[] = {{requests_.handle(), 0, ZMQ_POLLIN, 0}, {outputs_.handle(), 0, ZMQ_POLLIN, 0}};
-      zmq::poll(items, 2, busy ? std::chrono::milliseconds(0) : kHeartbeat);
+      zmq::poll(items, 2, busy ? std::chrono::milliseconds(0) : idle_wait);
       DrainRequests();
       DrainHellos();
       // An abort's output comes out of the next step: take it even when nothing else runs, or the
-      // abort would go uncounted (and its load unreleased) until the next request.
-      const bool stepped = engine_.HasUnfinishedRequests() || aborted_;
+      // abort would go uncounted (and its load unreleased) until the next request. Every rank
+      // steps when any has work (the experts' exchanges need them all), and all leave together.
+      const bool has_work = engine_.HasUnfinishedRequests() || aborted_;
+      const int64_t flags = comm_.AllReduceMax((stop.load() ? kStopFlag : 0) | (has_work ? kWorkFlag : 0));
+      if (flags >= kStopFlag) break;
+      const bool stepped = flags == kWorkFlag;
       if (stepped) Step();
       aborted_ = false;
       // Every API server hears the load after each step (it routes by it), and at least every
