@@ -137,6 +137,7 @@ Linear MakeLinear(Tensor w, DType dtype) {
       linear.weight = Tensor(DType::kI8, w.shape());
       linear.row_scales = Tensor::F32({rows});
       kernels::QuantizeRows(w.data<float>(), rows, cols, linear.weight.data<int8_t>(), linear.row_scales.data<float>());
+      linear.packed = kernels::PackMatmulWeight(linear.weight.view());
       break;
     default:
       MOE_CHECK(false, "no linear layers in %s", std::string(DTypeName(dtype)).c_str());

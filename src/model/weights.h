@@ -17,10 +17,12 @@ namespace moe {
 struct Linear {
   Tensor weight;
   Tensor row_scales;  // [out], F32; I8 only
+  Tensor packed;      // I8 only: the weight as kernels::PackMatmulWeight lays it out, which Matmul reads
 
   int64_t rows() const { return weight.dim(0); }
   kernels::Weight view() const {
-    return kernels::Weight(weight.view(), row_scales.empty() ? nullptr : row_scales.data<float>());
+    return kernels::Weight(weight.view(), row_scales.empty() ? nullptr : row_scales.data<float>(),
+                           packed.empty() ? nullptr : packed.data<int8_t>());
   }
 };
 
