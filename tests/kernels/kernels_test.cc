@@ -121,6 +121,23 @@ TEST(QuantizeRowsTest, MatchesReferenceAndHandlesZeroRows) {
   }
 }
 
+TEST(QuantizeRowsTest, RoundsHalvesToEvenInVectorAndTail) {
+  // max |x| = 127 makes the scale 1, so each x * (127 / max) is x itself: ties stay ties.
+  std::vector<float> x = {127.0f};
+  for (int i = 0; i < 40; ++i) x.push_back((i % 2 ? -1.0f : 1.0f) * (static_cast<float>(i) + 0.5f));
+  const auto cols = static_cast<int64_t>(x.size());
+  std::vector<int8_t> q(cols), want_q(cols);
+  float s = 0, want_s = 0;
+  QuantizeRows(x.data(), 1, cols, q.data(), &s);
+  ref::QuantizeRows(x.data(), 1, cols, want_q.data(), &want_s);
+  EXPECT_EQ(q, want_q);
+  EXPECT_EQ(s, want_s);
+  EXPECT_EQ(q[1], 0);   //  0.5 -> 0
+  EXPECT_EQ(q[2], -2);  // -1.5 -> -2
+  EXPECT_EQ(q[4], -4);  // -3.5 -> -4
+  EXPECT_EQ(q[36], -36);  // -35.5 -> -36, in the tail
+}
+
 TEST(SiluMulTest, MatchesReference) {
   const int64_t n = 10007;
   std::vector<float> g = Random(n, 7, 4.0f), u = Random(n, 8), y(n), want(n);

@@ -3,10 +3,45 @@
 #include <cmath>
 #include <vector>
 
+#include "base/cpu_features.h"
 #include "base/thread_pool.h"
+#include "kernels/cpu/avx512.h"
 #include "kernels/kernels.h"
 
 namespace moe::kernels {
+namespace {
+
+void QuantizeRow(const float* x, int64_t cols, int8_t* q, float* scale) {
+  float amax = 0;
+  for (int64_t c = 0; c < cols; ++c) amax = std::max(amax, std::fabs(x[c]));
+  *scale = amax / 127.0f;
+  const float inv = amax > 0 ? 127.0f / amax : 0.0f;
+  for (int64_t c = 0; c < cols; ++c) q[c] = static_cast<int8_t>(std::nearbyint(x[c] * inv));
+}
+
+#if defined(__x86_64__)
+// The same bits as QuantizeRow: max ignores NaN the same way (the second operand wins), and the
+// conversion rounds by MXCSR, to nearest even, as nearbyint does. Without AVX-512, nearbyint is a
+// libm call per value: ~10% of prefill and ~4% of 32-way decode on the bench model.
+MOE_AVX512 void QuantizeRowAvx512(const float* x, int64_t cols, int8_t* q, float* scale) {
+  constexpr int64_t kLanes = 16;
+  __m512 vmax = _mm512_setzero_ps();
+  int64_t c = 0;
+  for (; c + kLanes <= cols; c += kLanes) vmax = _mm512_max_ps(_mm512_abs_ps(_mm512_loadu_ps(x + c)), vmax);
+  float amax = _mm512_reduce_max_ps(vmax);
+  for (; c < cols; ++c) amax = std::max(amax, std::fabs(x[c]));
+  *scale = amax / 127.0f;
+  const float inv = amax > 0 ? 127.0f / amax : 0.0f;
+  const __m512 vinv = _mm512_set1_ps(inv);
+  for (c = 0; c + kLanes <= cols; c += kLanes) {
+    const __m512i rounded = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(x + c), vinv));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(q + c), _mm512_cvtsepi32_epi8(rounded));
+  }
+  for (; c < cols; ++c) q[c] = static_cast<int8_t>(std::nearbyint(x[c] * inv));
+}
+#endif
+
+}  // namespace
 
 void RmsNorm(const float* x, const float* weight, int64_t rows, int64_t dim, float eps, float* y) {
   ParallelFor(rows, [&](int64_t begin, int64_t end) {
@@ -22,15 +57,13 @@ void RmsNorm(const float* x, const float* weight, int64_t rows, int64_t dim, flo
 }
 
 void QuantizeRows(const float* x, int64_t rows, int64_t cols, int8_t* q, float* scales) {
+#if defined(__x86_64__)
+  static const auto quantize_row = GetCpuFeatures().avx512f ? QuantizeRowAvx512 : QuantizeRow;
+#else
+  constexpr auto quantize_row = QuantizeRow;
+#endif
   ParallelFor(rows, [&](int64_t begin, int64_t end) {
-    for (int64_t r = begin; r < end; ++r) {
-      const float* xr = x + r * cols;
-      float amax = 0;
-      for (int64_t c = 0; c < cols; ++c) amax = std::max(amax, std::fabs(xr[c]));
-      scales[r] = amax / 127.0f;
-      const float inv = amax > 0 ? 127.0f / amax : 0.0f;
-      for (int64_t c = 0; c < cols; ++c) q[r * cols + c] = static_cast<int8_t>(std::nearbyint(xr[c] * inv));
-    }
+    for (int64_t r = begin; r < end; ++r) quantize_row(x + r * cols, cols, q + r * cols, scales + r);
   });
 }
 
