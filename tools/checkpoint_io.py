@@ -130,26 +130,29 @@ def decode(dtype, storage):
     raise ValueError(f"cannot decode dtype {dtype}")
 
 
-def write_safetensors(path, tensors, metadata=None):
-    """tensors: ordered dict name -> (dtype, storage array). Writes one .safetensors file."""
+def _header_bytes(entries, metadata=None):
+    """The length prefix and JSON header of a safetensors file whose tensors are `entries`,
+    a list of (name, dtype, shape) in file order."""
     header = {"__metadata__": dict(metadata or {"format": "pt"})}
     offset = 0
-    blobs = []
-    for name, (dtype, arr) in tensors.items():
-        arr = np.ascontiguousarray(arr, dtype=_STORAGE[dtype])
-        data = arr.tobytes()
-        header[name] = {"dtype": dtype, "shape": list(arr.shape),
-                        "data_offsets": [offset, offset + len(data)]}
-        blobs.append(data)
-        offset += len(data)
+    for name, dtype, shape in entries:
+        size = math.prod(shape) * _STORAGE[dtype].itemsize
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + size]}
+        offset += size
     text = json.dumps(header, separators=(",", ":")).encode("utf-8")
     # Pad the header with spaces so the data starts 8-byte aligned, as the reference writer does.
     text += b" " * (-len(text) % 8)
+    return struct.pack("<Q", len(text)) + text
+
+
+def write_safetensors(path, tensors, metadata=None):
+    """tensors: ordered dict name -> (dtype, storage array). Writes one .safetensors file."""
+    arrays = [(name, dtype, np.ascontiguousarray(arr, dtype=_STORAGE[dtype]))
+              for name, (dtype, arr) in tensors.items()]
     with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)))
-        f.write(text)
-        for data in blobs:
-            f.write(data)
+        f.write(_header_bytes([(name, dtype, arr.shape) for name, dtype, arr in arrays], metadata))
+        for _, _, arr in arrays:
+            f.write(arr.tobytes())
 
 
 def read_safetensors(path):
@@ -206,6 +209,91 @@ def write_checkpoint(out_dir, tensors, shards=1):
     index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
     with open(os.path.join(out_dir, INDEX_NAME), "w") as f:
         json.dump(index, f, indent=2)
+
+
+class StreamingCheckpointWriter:
+    """Writes the same files as write_checkpoint (byte for byte) one tensor at a time, so that a
+    checkpoint larger than memory can be made: the tensor list is given up front as
+    (name, dtype, shape) in order, then each tensor's storage is passed in that order, whole
+    (add) or as consecutive row blocks (begin, write..., end).
+
+        with StreamingCheckpointWriter(out_dir, specs, shards) as w:
+            for name, dtype, arr in produce():
+                w.add(name, dtype, arr)
+    """
+
+    def __init__(self, out_dir, specs, shards=1):
+        self.specs = [(name, dtype, tuple(shape)) for name, dtype, shape in specs]
+        self.shards = max(1, shards)
+        os.makedirs(out_dir, exist_ok=True)
+        self.out_dir = out_dir
+        # Round-robin in order, as write_checkpoint deals them.
+        self.shard_of = [k % self.shards for k in range(len(self.specs))]
+        self.names = ([SINGLE_NAME] if self.shards == 1
+                      else [shard_file_name(i, self.shards) for i in range(self.shards)])
+        self.files = []
+        for i, fname in enumerate(self.names):
+            f = open(os.path.join(out_dir, fname), "wb")
+            self.files.append(f)
+            f.write(_header_bytes([s for s, k in zip(self.specs, self.shard_of) if k == i]))
+        self.next = 0
+        self.pending = None  # bytes still owed by the tensor begun, or None
+
+    def begin(self, name, dtype):
+        if self.pending is not None:
+            raise ValueError(f"begin({name}) before the previous tensor ended")
+        if self.next >= len(self.specs):
+            raise ValueError(f"tensor {name} beyond the {len(self.specs)} announced")
+        want_name, want_dtype, shape = self.specs[self.next]
+        if (name, dtype) != (want_name, want_dtype):
+            raise ValueError(f"got {name} ({dtype}), expected {want_name} ({want_dtype})")
+        self.pending = math.prod(shape) * _STORAGE[dtype].itemsize
+
+    def write(self, arr):
+        """Appends the next part of the tensor begun (its storage, in row-major order)."""
+        dtype = self.specs[self.next][1]
+        arr = np.ascontiguousarray(arr, dtype=_STORAGE[dtype])
+        if arr.nbytes > self.pending:
+            raise ValueError(f"{self.specs[self.next][0]}: more data than its shape holds")
+        self.files[self.shard_of[self.next]].write(arr.reshape(-1).view(np.uint8).data)
+        self.pending -= arr.nbytes
+
+    def end(self):
+        name, _, shape = self.specs[self.next]
+        if self.pending != 0:
+            raise ValueError(f"{name}: {self.pending} bytes short of shape {shape}")
+        self.pending = None
+        self.next += 1
+
+    def add(self, name, dtype, arr):
+        if tuple(np.shape(arr)) != self.specs[min(self.next, len(self.specs) - 1)][2]:
+            raise ValueError(f"{name}: shape {np.shape(arr)} differs from the one announced")
+        self.begin(name, dtype)
+        self.write(arr)
+        self.end()
+
+    def close(self):
+        for f in self.files:
+            f.close()
+        if self.next != len(self.specs):
+            raise ValueError(f"only {self.next} of {len(self.specs)} tensors written")
+        if self.shards > 1:
+            weight_map = {name: self.names[k] for (name, _, _), k in zip(self.specs, self.shard_of)}
+            total = sum(math.prod(shape) * _STORAGE[dtype].itemsize for _, dtype, shape in self.specs)
+            index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
+            with open(os.path.join(self.out_dir, INDEX_NAME), "w") as f:
+                json.dump(index, f, indent=2)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.close()
+        else:
+            for f in self.files:
+                f.close()
+        return False
 
 
 def read_checkpoint(model_dir):

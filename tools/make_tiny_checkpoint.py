@@ -3,7 +3,11 @@
 
     make_tiny_checkpoint.py --out DIR [--seed S] [--config overrides.json]
         [--storage f32|bf16|f16|fp8] [--shards N] [--negative-bias | --fixed-routing]
-        [--variant deepseek_v2]
+        [--variant deepseek_v2] [--stream]
+
+--config takes a JSON object of config.json fields over the tiny defaults (a whole config.json
+works too: bench/configs/bench-3b.json is the 3.6B bench model). --stream writes one tensor at a
+time, for models larger than memory; the files are the same as without it.
 
 Writes config.json, model.safetensors (or N shards + index), tokenizer.json,
 tokenizer_config.json and generation_config.json. Everything is a function of the seed and
@@ -279,27 +283,60 @@ def is_moe_layer(cfg, i):
 
 
 class Maker:
-    """Draws tensors in a fixed order from one generator, so a seed fixes everything."""
+    """Draws tensors in a fixed order from one generator, so a seed fixes everything.
 
-    def __init__(self, seed):
+    Without a sink it keeps every tensor (in `tensors`); with one it hands each tensor to
+    sink(name, float32 values, kind) as soon as it is drawn and keeps only the kinds, so a
+    model larger than memory can be written one tensor at a time."""
+
+    def __init__(self, seed, sink=None):
         self.rng = np.random.default_rng(seed)
-        self.tensors = {}  # name -> float32 values, in creation order
+        self.sink = sink
+        self.tensors = {}  # name -> float32 values, in creation order (without a sink)
         self.kinds = {}    # name -> "linear" (quantizable decoder linear) or "keep"
 
     def linear(self, name, rows, cols, gain=1.0, quantizable=True):
-        w = self.rng.standard_normal((rows, cols)) * (gain / math.sqrt(cols))
+        w = self.rng.standard_normal((rows, cols))
+        w *= gain / math.sqrt(cols)
+        w = w.astype(np.float32)  # drops the float64 draw before the sink runs
         self._add(name, w, "linear" if quantizable else "keep")
 
     def norm(self, name, n):
         self._add(name, 1.0 + 0.1 * self.rng.standard_normal(n), "keep")
 
     def embed(self, name, rows, cols):
-        self._add(name, self.rng.standard_normal((rows, cols)), "keep")
+        self._add(name, self.rng.standard_normal((rows, cols)).astype(np.float32), "keep")
 
     def _add(self, name, values, kind):
-        assert name not in self.tensors, name
-        self.tensors[name] = np.asarray(values, dtype=np.float32)
+        assert name not in self.kinds, name
         self.kinds[name] = kind
+        values = np.asarray(values, dtype=np.float32)
+        if self.sink is None:
+            self.tensors[name] = values
+        else:
+            self.sink(name, values, kind)
+
+
+class ShapeMaker(Maker):
+    """Records (name, shape, kind) in creation order without drawing any weights."""
+
+    def __init__(self):
+        super().__init__(0)
+        self.entries = []
+
+    def linear(self, name, rows, cols, gain=1.0, quantizable=True):
+        self._shape(name, (rows, cols), "linear" if quantizable else "keep")
+
+    def norm(self, name, n):
+        self._shape(name, (n,), "keep")
+
+    def embed(self, name, rows, cols):
+        self._shape(name, (rows, cols), "keep")
+
+    def _shape(self, name, shape, kind):
+        assert name not in self.kinds, name
+        self.kinds[name] = kind
+        self.entries.append((name, shape, kind))
 
 
 def routing_bias(rng, cfg, negative, fixed=False):
@@ -394,10 +431,16 @@ def add_decoder_block(m, cfg, i, bias_mode, layer_bias):
 
 def make_weights(cfg, seed, negative_bias=False, fixed_routing=False):
     """-> (dict name -> float32 values, dict name -> kind, dict name -> F32 bias values)."""
+    m = Maker(seed)
+    biases = draw_weights(m, cfg, negative_bias, fixed_routing)
+    return m.tensors, m.kinds, biases
+
+
+def draw_weights(m, cfg, negative_bias=False, fixed_routing=False):
+    """Draws every tensor through Maker `m`, in file order; -> dict name -> bias values."""
     if fixed_routing and cfg["topk_method"] != "noaux_tc":
         raise ValueError("fixed routing works through e_score_correction_bias (noaux_tc)")
     bias_mode = "fixed" if fixed_routing else "negative" if negative_bias else "small"
-    m = Maker(seed)
     H, V, L = cfg["hidden_size"], cfg["vocab_size"], cfg["num_hidden_layers"]
     biases = {}
     m.embed("model.embed_tokens.weight", V, H)
@@ -416,7 +459,7 @@ def make_weights(cfg, seed, negative_bias=False, fixed_routing=False):
         add_decoder_block(m, cfg, i, bias_mode, biases)
         m.norm(p + "shared_head.norm.weight", H)
         m.linear(p + "shared_head.head.weight", V, H, gain=3.0, quantizable=False)
-    return m.tensors, m.kinds, biases
+    return biases
 
 
 def quantize_fp8_blocks(w, block=128):
@@ -437,39 +480,105 @@ def quantize_fp8_blocks(w, block=128):
     return codes, scale
 
 
+STORAGE_DTYPE = {"f32": "F32", "bf16": "BF16", "f16": "F16"}
+
+
+def encoded_specs(name, shape, kind, storage):
+    """The (name, dtype, shape) entries one tensor becomes in the file."""
+    if storage in STORAGE_DTYPE:
+        return [(name, STORAGE_DTYPE[storage], shape)]
+    if storage == "fp8":
+        if kind == "linear":
+            return [(name, "F8_E4M3", shape),
+                    (name + "_scale_inv", "F32", tuple(-(-n // 128) for n in shape))]
+        return [(name, "BF16", shape)]
+    raise ValueError(f"unknown storage {storage}")
+
+
+def encode_tensor(name, w, kind, storage):
+    """-> list of (name, dtype, storage array) for one float tensor, as encoded_specs says."""
+    if storage in STORAGE_DTYPE:
+        return [(name, STORAGE_DTYPE[storage], checkpoint_io.encode(w, STORAGE_DTYPE[storage]))]
+    if storage == "fp8":
+        if kind == "linear":
+            codes, scale = quantize_fp8_blocks(w)
+            return [(name, "F8_E4M3", codes), (name + "_scale_inv", "F32", scale)]
+        return [(name, "BF16", checkpoint_io.encode(w, "BF16"))]
+    raise ValueError(f"unknown storage {storage}")
+
+
 def encode_tensors(tensors, kinds, biases, storage):
     """Float tensors -> ordered dict name -> (dtype, storage) per the storage mode.
     Biases are always F32 as in the official release."""
     out = {}
     for name, w in tensors.items():
-        if storage == "f32":
-            out[name] = ("F32", w)
-        elif storage == "bf16":
-            out[name] = ("BF16", checkpoint_io.encode(w, "BF16"))
-        elif storage == "f16":
-            out[name] = ("F16", checkpoint_io.encode(w, "F16"))
-        elif storage == "fp8":
-            if kinds[name] == "linear":
-                codes, scale = quantize_fp8_blocks(w)
-                out[name] = ("F8_E4M3", codes)
-                out[name + "_scale_inv"] = ("F32", scale)
-            else:
-                out[name] = ("BF16", checkpoint_io.encode(w, "BF16"))
-        else:
-            raise ValueError(f"unknown storage {storage}")
+        for n, dtype, arr in encode_tensor(name, w, kinds[name], storage):
+            out[n] = (dtype, arr)
     for name, b in biases.items():
         out[name] = ("F32", np.asarray(b, dtype=np.float32))
     return out
 
 
+def checkpoint_specs(cfg, storage, negative_bias=False, fixed_routing=False):
+    """(name, dtype, shape) of every tensor in the file, in order, without drawing weights."""
+    m = ShapeMaker()
+    biases = draw_weights(m, cfg, negative_bias, fixed_routing)
+    specs = []
+    for name, shape, kind in m.entries:
+        specs.extend(encoded_specs(name, shape, kind, storage))
+    specs.extend((name, "F32", (cfg["n_routed_experts"],)) for name in biases)
+    return specs
+
+
+# Elements encoded per piece when streaming, to bound the temporaries of the encoders.
+STREAM_CHUNK = 1 << 23
+
+
+def write_weights_streaming(out_dir, cfg, storage, shards, negative_bias, seed, fixed_routing,
+                            progress=None):
+    """Draws and writes the weights one tensor at a time: memory holds one tensor (as float32)
+    plus a piece of its encoding, whatever the model's size. Same bytes as the in-memory path."""
+    specs = checkpoint_specs(cfg, storage, negative_bias, fixed_routing)
+    total = sum(math.prod(shape) for _, _, shape in specs)
+    done = [0, 0.0]  # elements written, fraction last reported
+
+    with checkpoint_io.StreamingCheckpointWriter(out_dir, specs, shards) as writer:
+        def sink(name, w, kind):
+            if storage in STORAGE_DTYPE and w.ndim == 2 and w.size > STREAM_CHUNK:
+                # Elementwise encodings: row blocks give the bytes the whole tensor would.
+                dtype = STORAGE_DTYPE[storage]
+                rows = max(1, STREAM_CHUNK // w.shape[1])
+                writer.begin(name, dtype)
+                for r in range(0, w.shape[0], rows):
+                    writer.write(checkpoint_io.encode(w[r:r + rows], dtype))
+                writer.end()
+            else:
+                for n, dtype, arr in encode_tensor(name, w, kind, storage):
+                    writer.add(n, dtype, arr)
+            done[0] += w.size
+            if progress and done[0] / total - done[1] >= 0.05:
+                done[1] = done[0] / total
+                progress(f"{100 * done[1]:.0f}% of {total / 1e9:.2f}G values written")
+
+        m = Maker(seed, sink)
+        biases = draw_weights(m, cfg, negative_bias, fixed_routing)
+        for name, b in biases.items():
+            writer.add(name, "F32", np.asarray(b, dtype=np.float32))
+
+
 def make_checkpoint(out_dir, overrides=None, storage="f32", shards=1, negative_bias=False,
-                    seed=0, variant=None, fixed_routing=False):
-    """Writes the whole checkpoint directory; returns the config dict."""
+                    seed=0, variant=None, fixed_routing=False, stream=False, progress=None):
+    """Writes the whole checkpoint directory; returns the config dict. stream=True writes one
+    tensor at a time (for models larger than memory); the files are the same."""
     cfg = build_config(overrides, variant, storage)
-    tensors, kinds, biases = make_weights(cfg, seed, negative_bias, fixed_routing)
-    encoded = encode_tensors(tensors, kinds, biases, storage)
     os.makedirs(out_dir, exist_ok=True)
-    checkpoint_io.write_checkpoint(out_dir, encoded, shards)
+    if stream:
+        write_weights_streaming(out_dir, cfg, storage, shards, negative_bias, seed, fixed_routing,
+                                progress)
+    else:
+        tensors, kinds, biases = make_weights(cfg, seed, negative_bias, fixed_routing)
+        encoded = encode_tensors(tensors, kinds, biases, storage)
+        checkpoint_io.write_checkpoint(out_dir, encoded, shards)
     ids = special_token_ids()
 
     def dump(name, obj):
@@ -500,13 +609,17 @@ def main():
                     help="routing biases that pick the same experts for every token by a wide "
                          "margin (for bf16 comparisons, where near-ties would flip)")
     ap.add_argument("--variant", choices=["deepseek_v3", "deepseek_v2"])
+    ap.add_argument("--stream", action="store_true",
+                    help="draw and write one tensor at a time (same files; for models larger "
+                         "than memory, e.g. bench/configs/bench-3b.json)")
     args = ap.parse_args()
     overrides = {}
     if args.config:
         with open(args.config) as f:
             overrides = json.load(f)
+    progress = (lambda msg: print(msg, file=sys.stderr, flush=True)) if args.stream else None
     cfg = make_checkpoint(args.out, overrides, args.storage, args.shards, args.negative_bias,
-                          args.seed, args.variant, args.fixed_routing)
+                          args.seed, args.variant, args.fixed_routing, args.stream, progress)
     print(f"wrote {cfg['model_type']} checkpoint to {args.out}")
 
 
