@@ -105,12 +105,13 @@ int RunEngine(const ServeOptions& o, Communicator& comm, const std::function<voi
         o.moe_exchange == "all-gather" ? MoeExchange::kAllGatherReduceScatter : MoeExchange::kAllToAll;
     backend = std::make_unique<ExpertParallelBackend>(comm, *placement, exchange, *dtype == DType::kI8);
     const std::vector<int32_t> mine = placement->experts_of(comm.rank());
-    spdlog::info("engine rank {} of {}: routed experts {}-{} of {} ({}), {:.2f} GiB resident", comm.rank(),
-                 comm.size(), mine.front(), mine.back(), model_config->n_routed_experts, o.moe_exchange,
-                 static_cast<double>(ResidentBytes()) / (1 << 30));
+    spdlog::info("engine rank {} of {}: routed experts {}-{} of {} ({})", comm.rank(), comm.size(), mine.front(),
+                 mine.back(), model_config->n_routed_experts, o.moe_exchange);
   } else {
     backend = std::make_unique<LocalExpertBackend>();
   }
+  spdlog::info("engine rank {} of {}: weights loaded, {:.2f} GiB resident (anonymous)", comm.rank(), comm.size(),
+               static_cast<double>(AnonymousResidentBytes()) / (1 << 30));
   ExpertLoadCounter experts(*backend, (*model)->config().first_k_dense_replace);
   Engine engine(**model, experts, config);
   spdlog::info("engine rank {} of {}: KV cache holds {} tokens", comm.rank(), comm.size(), engine.kv_capacity_tokens());
@@ -238,10 +239,20 @@ class Supervisor {
     std::vector<char*> c_args;
     for (std::string& a : args) c_args.push_back(a.data());
     c_args.push_back(nullptr);
+    // The child starts with no signal blocked: this process blocks SIGTERM to wait for it, and
+    // mpirun, which is not ours, would inherit that and never hear the supervisor's SIGTERM (our
+    // own binary blocks it again first thing).
+    posix_spawnattr_t attr;
+    posix_spawnattr_init(&attr);
+    sigset_t none;
+    sigemptyset(&none);
+    posix_spawnattr_setsigmask(&attr, &none);
+    posix_spawnattr_setflags(&attr, POSIX_SPAWN_SETSIGMASK);
     pid_t pid = -1;
     const int error = program.find('/') == std::string::npos
-                          ? posix_spawnp(&pid, program.c_str(), nullptr, nullptr, c_args.data(), environ)
-                          : posix_spawn(&pid, program.c_str(), nullptr, nullptr, c_args.data(), environ);
+                          ? posix_spawnp(&pid, program.c_str(), nullptr, &attr, c_args.data(), environ)
+                          : posix_spawn(&pid, program.c_str(), nullptr, &attr, c_args.data(), environ);
+    posix_spawnattr_destroy(&attr);
     if (error != 0) {
       spdlog::error("cannot start {}: {}", program, std::strerror(error));
       return -1;

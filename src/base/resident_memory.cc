@@ -5,11 +5,11 @@
 
 namespace moe {
 
-int64_t ResidentBytes() {
+int64_t AnonymousResidentBytes() {
   std::ifstream status("/proc/self/status");
   std::string key;
   while (status >> key) {
-    if (key == "VmRSS:") {
+    if (key == "RssAnon:") {
       int64_t kib = -1;
       status >> kib;
       return kib < 0 ? -1 : kib * 1024;

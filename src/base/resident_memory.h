@@ -5,7 +5,8 @@
 
 namespace moe {
 
-// VmRSS of this process in bytes, or -1 where /proc/self/status cannot say.
-int64_t ResidentBytes();
+// RssAnon of this process in bytes (resident memory it allocated: converted weights, caches; not
+// the pages of files it maps, such as a checkpoint), or -1 where /proc/self/status cannot say.
+int64_t AnonymousResidentBytes();
 
 }  // namespace moe

@@ -41,6 +41,10 @@ def outputs_of(binary, extra):
             check(len(owned) == ranks, f"every rank reports its experts:\n{log[-3000:]}")
             covered = sorted(e for *_, lo, hi, _ in owned for e in range(int(lo), int(hi) + 1))
             check(covered == list(range(int(owned[0][4]))), f"the ranks split the experts: {owned}")
+        # SIGTERM reaches every rank through mpirun, and all of them leave the loop together.
+        server.stop()
+        check(server.proc.returncode == 0, f"exit status {server.proc.returncode} after SIGTERM")
+        check("did not stop in time" not in server.log_text(), f"a process had to be killed:\n{server.log_text()[-3000:]}")
         return [r.json()["choices"][0]["text"] for r in responses]
 
 
