@@ -4,6 +4,7 @@
   sigterm_abort   SIGTERM with --shutdown-grace 0: the stream ends with an error event, exit 0
   api_crash       kill -9 of one API server: the other keeps serving, a replacement appears
   engine_crash    kill -9 of the engine: 503 with a clear message, no hang
+  rank_crash      the same for one rank of two (--ranks 2): the whole instance fails fast
   startup_errors  a bad --model or a port in use: non-zero exit with one 'error:' line
 Every assertion is about behaviour; time limits only bound waits so that nothing hangs."""
 import argparse
@@ -231,15 +232,17 @@ def test_api_crash(binary):
               f"{at_kill} in flight at a kill (those may fail)")
 
 
-def test_engine_crash(binary):
-    with sl.Server(binary, "--engine-timeout", 10) as server:
+def test_engine_crash(binary, ranks=1):
+    with sl.Server(binary, "--engine-timeout", 10, "--ranks", ranks) as server:
         port = server.port
         engine = server.engine_pids()
         check(len(engine) == 1, f"engine processes: {engine}")
+        # With ranks, the engine process is mpirun and the ranks its children: kill the last.
+        victim = engine[0] if ranks == 1 else sl.proc_children(engine[0])[-1]
         conn, resp = long_stream(port)
         events = sl.sse_events(resp)
         next(events)
-        os.kill(engine[0], signal.SIGKILL)
+        os.kill(victim, signal.SIGKILL)
         # The stream in flight ends with an error, not a hang.
         chunks, usage, error, done = read_stream_from(events)
         conn.close()
@@ -261,6 +264,7 @@ def test_engine_crash(binary):
         check(server.proc.poll() is None, "the supervisor exited when the engine died")
         code = server.terminate_and_wait(60)
         check(code == 0, f"exit code {code} after SIGTERM with the engine gone")
+        check(not server.group_pids(), f"processes left behind: {server.group_pids()}")
 
 
 def run_expect_error(args, timeout=120):
@@ -323,6 +327,7 @@ def main():
         ("sigterm_abort", lambda: test_sigterm_abort(b)),
         ("api_crash", lambda: test_api_crash(b)),
         ("engine_crash", lambda: test_engine_crash(b)),
+        ("rank_crash", lambda: test_engine_crash(b, ranks=2)),
         ("startup_errors", lambda: test_startup_errors(b)),
     ]
     sys.exit(sl.run_cases(cases, args.case))
