@@ -15,7 +15,7 @@
 #include <functional>
 #include <filesystem>
 #include <fstream>
-#include <map>
+#include <set>
 #include <thread>
 
 #include <spdlog/spdlog.h>
@@ -127,6 +127,11 @@ int RunEngine(const ServeOptions& o, Communicator& comm, const std::function<voi
   return finish(status.ok() ? 0 : Fail(status));
 }
 
+// Where API server `pid` says it is listening.
+std::string ApiReadyFile(const std::string& ipc_dir, pid_t pid) {
+  return ipc_dir + "/api-ready-" + std::to_string(pid);
+}
+
 int RunApiRole(ServeOptions o) {
   DieWithParent();
   auto tokenizer = Tokenizer::Load(o.model);
@@ -145,6 +150,7 @@ int RunApiRole(ServeOptions o) {
       std::this_thread::sleep_for(std::chrono::milliseconds(10));
     }
   }
+  o.api.ready_file = ApiReadyFile(o.ipc_dir, getpid());
   const Status status = RunApiServer(*tokenizer, engine, o.api);
   return status.ok() ? 0 : Fail(status);
 }
@@ -262,7 +268,7 @@ class Supervisor {
 
   void SpawnApiServer() {
     const pid_t pid = Spawn("api");
-    if (pid > 0) api_pids_[pid] = std::chrono::steady_clock::now();
+    if (pid > 0) api_pids_.insert(pid);
   }
 
   // An API server that died is replaced: the others kept serving meanwhile. The engine is not:
@@ -281,10 +287,12 @@ class Supervisor {
           spdlog::error("the engine process {}; the API servers answer 503 until the server is restarted", how);
         }
       } else if (auto it = api_pids_.find(pid); it != api_pids_.end()) {
-        // One that dies right after starting would only die again: a start-up error, not a crash.
-        if (std::chrono::steady_clock::now() - it->second < std::chrono::seconds(2)) {
-          failure_ = "an API server " + how + " right after starting (its error is above)";
+        // One that dies before it listens would only die again: a start-up error, not a crash.
+        const std::string ready = ApiReadyFile(ipc_dir_, pid);
+        if (!std::filesystem::exists(ready)) {
+          failure_ = "an API server " + how + " while starting (its error is above)";
         } else {
+          std::filesystem::remove(ready);
           spdlog::error("API server {} {}; starting a new one", pid, how);
           SpawnApiServer();
         }
@@ -296,9 +304,9 @@ class Supervisor {
   // API servers first, so that they drain their requests while the engine still runs.
   void Shutdown() {
     spdlog::info("shutting down");
-    for (const auto& [pid, started] : api_pids_) kill(pid, SIGTERM);
+    for (pid_t pid : api_pids_) kill(pid, SIGTERM);
     const auto grace = std::chrono::milliseconds(static_cast<int64_t>(options_.shutdown_grace_s * 1000));
-    for (const auto& [pid, started] : api_pids_) WaitOrKill(pid, grace + std::chrono::seconds(5));
+    for (pid_t pid : api_pids_) WaitOrKill(pid, grace + std::chrono::seconds(5));
     if (engine_pid_ > 0) {
       kill(engine_pid_, SIGTERM);
       WaitOrKill(engine_pid_, std::chrono::seconds(10));
@@ -321,7 +329,7 @@ class Supervisor {
   std::string ipc_dir_;
   bool owns_ipc_dir_ = false;
   pid_t engine_pid_ = -1;
-  std::map<pid_t, std::chrono::steady_clock::time_point> api_pids_;  // and when each started
+  std::set<pid_t> api_pids_;
   std::string failure_;  // set when the server cannot go on
 };
 

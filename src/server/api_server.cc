@@ -5,6 +5,7 @@
 #include <atomic>
 #include <cctype>
 #include <cstdlib>
+#include <fstream>
 #include <optional>
 #include <random>
 #include <thread>
@@ -145,6 +146,7 @@ class ApiServer {
     // connects stall for a second. Listening again raises it.
     ::listen(listen_fd, SOMAXCONN);
     spdlog::info("API server listening on http://{}:{}", options_.host, options_.port);
+    if (!options_.ready_file.empty()) std::ofstream(options_.ready_file).put('\n');
     std::thread listener([&] { server.listen_after_bind(); });
     while (WaitForTermination(std::chrono::seconds(1)) == 0) {
     }

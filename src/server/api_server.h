@@ -24,6 +24,8 @@ struct ApiServerOptions {
   int threads = 512;  // concurrent connections served; each stream holds one
   // After SIGTERM: how long in-flight requests may still finish before they are aborted.
   std::chrono::milliseconds shutdown_grace{std::chrono::seconds(30)};
+  // Created (empty) once the port is bound: a supervisor tells a start-up failure from a crash by it.
+  std::string ready_file;
 };
 
 // Serves until SIGTERM or SIGINT, then drains (see shutdown_grace) and returns. Fails when the
