@@ -14,6 +14,9 @@ import tempfile
 import time
 import urllib.request
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "server"))
+import serverlib as sl  # noqa: E402
+
 # Every run's result holds these (the latency ones as mean/median/std/p90/p99).
 FIELDS = ["date", "base_url", "model_id", "num_prompts", "input_len", "output_len", "range_ratio", "seed",
           "request_rate", "max_concurrency", "num_cards", "duration", "started_at", "completed", "failed", "first_error",
@@ -61,7 +64,7 @@ class Server:
                 self.proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 pass
-        leftover = group_members(pgid)
+        leftover = sl.group_members(pgid)
         if leftover or self.proc.poll() is None:
             try:
                 os.killpg(pgid, signal.SIGKILL)
@@ -72,24 +75,8 @@ class Server:
         deadline = time.time() + 10
         while leftover and time.time() < deadline:
             time.sleep(0.1)
-            leftover = group_members(pgid)
+            leftover = sl.group_members(pgid)
         return leftover
-
-
-def group_members(pgid):
-    pids = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as f:
-                fields = f.read().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        # fields[0] is the state, [2] the process group; zombies are already gone in all but name.
-        if int(fields[2]) == pgid and fields[0] != "Z":
-            pids.append(int(entry))
-    return pids
 
 
 class Checks:

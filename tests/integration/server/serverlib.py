@@ -98,6 +98,20 @@ def gone(pid):
     return not os.path.exists(f"/proc/{pid}")
 
 
+def group_members(pgid):
+    """Every live process of process group `pgid`."""
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            if os.getpgid(int(entry)) == pgid and alive(int(entry)):
+                out.append(int(entry))
+        except OSError:
+            pass
+    return out
+
+
 def listeners(port):
     """How many sockets listen on TCP `port` (IPv4): one per API server with SO_REUSEPORT."""
     count = 0
@@ -328,16 +342,7 @@ class Server:
 
     def group_pids(self):
         """Every live process of the server's process group."""
-        out = []
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                if os.getpgid(int(entry)) == self.pgid and alive(int(entry)):
-                    out.append(int(entry))
-            except OSError:
-                pass
-        return out
+        return group_members(self.pgid)
 
     def terminate_and_wait(self, timeout):
         """SIGTERM to the supervisor; its exit code, or None if it did not exit in time."""
