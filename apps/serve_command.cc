@@ -1,6 +1,8 @@
 // serve: the OpenAI-compatible server. The process the user starts supervises the others: one
 // engine core (loads the model, runs the step loop) and N API servers sharing the port. Each is
-// this same binary re-run with --role; they talk over ZeroMQ IPC sockets in a private directory.
+// this same binary re-run with --role; they talk over ZeroMQ: IPC sockets in a private directory,
+// or TCP when the API servers and the engine run on different hosts (--engine-port on the engine's
+// side, which may run alone with --api-servers 0; --connect-engine on the API servers' side).
 #include <netdb.h>
 #include <signal.h>
 #include <sys/socket.h>
@@ -10,12 +12,14 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <charconv>
 #include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include <spdlog/spdlog.h>
@@ -45,6 +49,7 @@ struct ServeOptions {
   int api_servers = 1;
   int ranks = 1;
   std::string moe_exchange = "all-to-all";
+  int shared_expert_ranks = 0;
   ApiServerOptions api;
   int64_t max_num_seqs = 64;
   int64_t max_num_batched_tokens = 2048;
@@ -53,6 +58,10 @@ struct ServeOptions {
   int64_t max_waiting = 1024;
   double shutdown_grace_s = 30;
   double engine_timeout_s = 60;
+  double rank_timeout_s = 300;
+  std::string engine_host = "127.0.0.1";
+  int engine_port = 0;  // 0: IPC sockets, for API servers on this host only
+  std::string connect_engine;  // HOST:PORT,...: API servers only, for an engine started elsewhere
   // Internal: which process this is, and where the IPC sockets live.
   std::string role;
   std::string ipc_dir;
@@ -61,6 +70,51 @@ struct ServeOptions {
 std::string ServedModelName(const ServeOptions& o) {
   if (!o.served_model_name.empty()) return o.served_model_name;
   return std::filesystem::path(o.model).lexically_normal().filename().string();
+}
+
+bool Headless(const ServeOptions& o) { return o.api_servers == 0; }
+bool EngineIsRemote(const ServeOptions& o) { return !o.connect_engine.empty(); }
+
+// "HOST:PORT,HOST:PORT,...": one engine rank each, in rank order.
+Expected<std::vector<EngineEndpoints>> ParseEngineAddresses(const std::string& list) {
+  std::vector<EngineEndpoints> out;
+  std::stringstream items(list);
+  std::string item;
+  while (std::getline(items, item, ',')) {
+    const size_t colon = item.rfind(':');
+    const std::string error = "--connect-engine: '" + item + "' is not HOST:PORT with PORT in 1-65534";
+    if (colon == std::string::npos || colon == 0) return Status::Error(error);
+    int port = 0;
+    const std::string digits = item.substr(colon + 1);
+    const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), port);
+    if (ec != std::errc() || end != digits.data() + digits.size() || port < 1 || port > 65534) {
+      return Status::Error(error);
+    }
+    out.push_back(TcpEndpoints(item.substr(0, colon), port));
+  }
+  if (out.empty()) return Status::Error("--connect-engine: no HOST:PORT given");
+  return out;
+}
+
+// Engine rank r listens on ports engine_port + 2r and + 2r + 1.
+EngineEndpoints BindEndpoints(const ServeOptions& o, int rank) {
+  if (o.engine_port == 0) return IpcEndpoints(o.ipc_dir, rank);
+  return TcpEndpoints(o.engine_host, o.engine_port + 2 * rank);
+}
+
+// Where this host's API servers find every rank.
+std::vector<EngineEndpoints> ConnectEndpoints(const ServeOptions& o) {
+  if (EngineIsRemote(o)) return *ParseEngineAddresses(o.connect_engine);  // checked at start-up
+  std::vector<EngineEndpoints> ranks;
+  for (int r = 0; r < o.ranks; ++r) {
+    if (o.engine_port == 0) {
+      ranks.push_back(IpcEndpoints(o.ipc_dir, r));
+    } else {
+      const bool wildcard = o.engine_host == "0.0.0.0" || o.engine_host == "*";
+      ranks.push_back(TcpEndpoints(wildcard ? "127.0.0.1" : o.engine_host, o.engine_port + 2 * r));
+    }
+  }
+  return ranks;
 }
 
 // Children end with the supervisor, even when it is killed without a chance to stop them.
@@ -85,13 +139,16 @@ int RunEngine(const ServeOptions& o, Communicator& comm, const std::function<voi
   };
   auto dtype = ParseDType(o.dtype);
   if (!dtype.ok()) return finish(Fail(dtype.status()));
-  // Several ranks split the routed experts (expert parallelism): each loads and runs its own.
+  // Several ranks split the experts (expert parallelism): each loads and runs its own.
   auto model_config = LoadModelConfig(o.model + "/config.json");
   if (!model_config.ok()) return finish(Fail(model_config.status()));
-  auto placement = ExpertPlacement::Contiguous(model_config->n_routed_experts, comm.size());
-  if (comm.size() > 1 && !placement.ok()) return finish(Fail(placement.status()));
-  ExpertFilter own_experts;
-  if (comm.size() > 1) own_experts = [&](int64_t e) { return placement->owner(static_cast<int32_t>(e)) == comm.rank(); };
+  auto placement = ExpertPlacement::Contiguous(model_config->n_routed_experts, comm.size(), o.shared_expert_ranks);
+  if ((comm.size() > 1 || o.shared_expert_ranks > 0) && !placement.ok()) return finish(Fail(placement.status()));
+  ExpertSelection own_experts;
+  if (comm.size() > 1) {
+    own_experts.routed = [&](int64_t e) { return placement->owner(static_cast<int32_t>(e), comm.rank()) == comm.rank(); };
+    own_experts.shared = o.shared_expert_ranks == 0 || placement->runs_shared_experts(comm.rank());
+  }
   auto model = DeepseekV3Model::Load(o.model, *dtype, own_experts);
   if (!model.ok()) return finish(Fail(model.status()));
   EngineConfig config;
@@ -103,10 +160,16 @@ int RunEngine(const ServeOptions& o, Communicator& comm, const std::function<voi
   if (comm.size() > 1) {
     const MoeExchange exchange =
         o.moe_exchange == "all-gather" ? MoeExchange::kAllGatherReduceScatter : MoeExchange::kAllToAll;
-    backend = std::make_unique<ExpertParallelBackend>(comm, *placement, exchange, *dtype == DType::kI8);
+    backend = std::make_unique<ExpertParallelBackend>(comm, *placement, exchange, WireFor(*dtype));
     const std::vector<int32_t> mine = placement->experts_of(comm.rank());
-    spdlog::info("engine rank {} of {}: routed experts {}-{} of {} ({})", comm.rank(), comm.size(), mine.front(),
-                 mine.back(), model_config->n_routed_experts, o.moe_exchange);
+    if (mine.empty()) {
+      spdlog::info("engine rank {} of {}: shared experts, no routed experts ({})", comm.rank(), comm.size(),
+                   o.moe_exchange);
+    } else {
+      spdlog::info("engine rank {} of {}: routed experts {}-{} of {}{} ({})", comm.rank(), comm.size(), mine.front(),
+                   mine.back(), model_config->n_routed_experts, own_experts.shared ? " and shared experts" : "",
+                   o.moe_exchange);
+    }
   } else {
     backend = std::make_unique<LocalExpertBackend>();
   }
@@ -116,12 +179,18 @@ int RunEngine(const ServeOptions& o, Communicator& comm, const std::function<voi
   Engine engine(**model, experts, config);
   spdlog::info("engine rank {} of {}: KV cache holds {} tokens", comm.rank(), comm.size(), engine.kv_capacity_tokens());
   EngineCoreOptions core;
-  core.endpoints = IpcEndpoints(o.ipc_dir, comm.rank());
+  core.endpoints = BindEndpoints(o, comm.rank());
+  if (o.engine_port != 0) {
+    spdlog::info("engine rank {} of {}: API servers connect to {} (requests) and {} (outputs)", comm.rank(),
+                 comm.size(), core.endpoints.requests, core.endpoints.outputs);
+  }
   core.info = {ServedModelName(o), (*model)->config().max_position_embeddings,
                static_cast<int32_t>((*model)->config().vocab_size), engine.kv_capacity_tokens()};
   core.max_waiting = o.max_waiting;
   // Tells the supervisor that start-up is over: from now on, an exit is a failure at run time.
   comm.Barrier();
+  // Loading takes as long as it takes; from here a rank that stops answering ends the instance.
+  comm.SetCollectiveTimeout(std::chrono::milliseconds(static_cast<int64_t>(o.rank_timeout_s * 1000)));
   if (comm.rank() == 0) std::ofstream(o.ipc_dir + "/engine-ready").put('\n');
   const Status status = RunEngineCore(engine, experts, core, comm, stop);
   return finish(status.ok() ? 0 : Fail(status));
@@ -138,8 +207,7 @@ int RunApiRole(ServeOptions o) {
   if (!tokenizer.ok()) return Fail(tokenizer.status());
   o.api.served_model = ServedModelName(o);
   o.api.shutdown_grace = std::chrono::milliseconds(static_cast<int64_t>(o.shutdown_grace_s * 1000));
-  std::vector<EngineEndpoints> ranks;
-  for (int r = 0; r < o.ranks; ++r) ranks.push_back(IpcEndpoints(o.ipc_dir, r));
+  const std::vector<EngineEndpoints> ranks = ConnectEndpoints(o);
   const auto engine_timeout = std::chrono::milliseconds(static_cast<int64_t>(o.engine_timeout_s * 1000));
   EngineGroup engine(ranks, "api-" + std::to_string(getpid()), engine_timeout);
   // A replacement for an API server that died finds the engine up: it connects before it listens,
@@ -178,6 +246,29 @@ Status CheckCanListen(const std::string& host, int port) {
   return Status::Ok();
 }
 
+// The flags that say where the engine is must agree with each other; fills in the ranks of a remote
+// engine.
+Status CheckTransport(ServeOptions& o) {
+  if (!EngineIsRemote(o)) {
+    if (o.engine_port != 0 && o.engine_port + 2 * o.ranks - 1 > 65535) {
+      return Status::Error("--engine-port: " + std::to_string(o.ranks) + " ranks need ports up to " +
+                           std::to_string(o.engine_port + 2 * o.ranks - 1) + ", beyond 65535");
+    }
+    if (Headless(o) && o.engine_port == 0) {
+      return Status::Error("--api-servers 0: the engine needs --engine-port for API servers to reach it");
+    }
+    return Status::Ok();
+  }
+  if (Headless(o)) return Status::Error("--connect-engine runs only API servers: --api-servers must be at least 1");
+  if (o.engine_port != 0 || o.ranks != 1) {
+    return Status::Error("--connect-engine: the engine runs elsewhere, so --engine-port and --ranks do not apply");
+  }
+  auto ranks = ParseEngineAddresses(o.connect_engine);
+  if (!ranks.ok()) return ranks.status();
+  o.ranks = static_cast<int>(ranks->size());
+  return Status::Ok();
+}
+
 // The command line of a child: the user's, with its role and the IPC directory.
 std::vector<std::string> WithRole(const std::vector<std::string>& argv, const std::string& role,
                                   const std::string& ipc_dir) {
@@ -202,7 +293,7 @@ class Supervisor {
     if (!mkdtemp(pattern)) return Fail(Status::Error("cannot create a directory for the IPC sockets in /tmp"));
     ipc_dir_ = pattern;
     owns_ipc_dir_ = true;
-    engine_pid_ = options_.ranks > 1 ? SpawnRanks() : Spawn("engine");
+    if (!EngineIsRemote(options_)) engine_pid_ = options_.ranks > 1 ? SpawnRanks() : Spawn("engine");
     return Supervise();
   }
 
@@ -215,8 +306,14 @@ class Supervisor {
  private:
   int Supervise() {
     for (int i = 0; i < options_.api_servers; ++i) SpawnApiServer();
-    spdlog::info("serving {} on http://{}:{} with {} API server(s)", ServedModelName(options_), options_.api.host,
-                 options_.api.port, options_.api_servers);
+    if (Headless(options_)) {
+      spdlog::info("running the engine of {} without API servers (they connect with --connect-engine)",
+                   ServedModelName(options_));
+    } else {
+      spdlog::info("serving {} on http://{}:{} with {} API server(s){}", ServedModelName(options_),
+                   options_.api.host, options_.api.port, options_.api_servers,
+                   EngineIsRemote(options_) ? " for the engine at " + options_.connect_engine : "");
+    }
     while (failure_.empty() && WaitForTermination(std::chrono::milliseconds(200)) == 0) Reap();
     Shutdown();
     if (owns_ipc_dir_) std::filesystem::remove_all(ipc_dir_);
@@ -283,6 +380,8 @@ class Supervisor {
         engine_pid_ = -1;
         if (!std::filesystem::exists(ipc_dir_ + "/engine-ready")) {
           failure_ = "the engine process " + how + " while starting (its error is above)";
+        } else if (Headless(options_)) {
+          failure_ = "the engine process " + how;
         } else {
           spdlog::error("the engine process {}; the API servers answer 503 until the server is restarted", how);
         }
@@ -353,7 +452,7 @@ int RunUnderMpirun(ServeOptions o, const std::vector<std::string>& argv) {
   o.ipc_dir = shared;
   o.ranks = comm->size();
   pid_t api = -1;
-  if (comm->rank() == 0) {
+  if (comm->rank() == 0 && !Headless(o)) {
     std::vector<std::string> args = WithRole(argv, "api-supervisor", o.ipc_dir);
     args.insert(args.end(), {"--ranks", std::to_string(o.ranks)});
     std::vector<char*> c_args;
@@ -385,8 +484,10 @@ CommandRunner AddServeCommand(CLI::App& app, std::vector<std::string> argv) {
   cmd->add_option("--dtype", o->dtype, "f32, bf16 or w8a8")->capture_default_str();
   cmd->add_option("--host", o->api.host, "address to listen on")->capture_default_str();
   cmd->add_option("--port", o->api.port, "port to listen on")->capture_default_str()->check(CLI::Range(1, 65535));
-  cmd->add_option("--api-servers", o->api_servers, "API-server processes sharing the port")
-      ->capture_default_str()->check(CLI::Range(1, 64));
+  cmd->add_option("--api-servers", o->api_servers,
+                  "API-server processes sharing the port; 0 runs only the engine, for API servers started "
+                  "elsewhere with --connect-engine")
+      ->capture_default_str()->check(CLI::Range(0, 64));
   cmd->add_option("--ranks", o->ranks,
                   "engine ranks (MPI processes started with mpirun): data-parallel attention with one KV cache "
                   "each, routed experts split over the ranks")
@@ -395,6 +496,19 @@ CommandRunner AddServeCommand(CLI::App& app, std::vector<std::string> argv) {
                   "how tokens reach the ranks owning their experts when there are several: all-to-all, or "
                   "all-gather (every rank gathers every token, results come back by reduce-scatter)")
       ->capture_default_str()->check(CLI::IsMember({"all-to-all", "all-gather"}));
+  cmd->add_option("--engine-port", o->engine_port,
+                  "serve API servers on other hosts over TCP: engine rank r listens on this port + 2r and + 2r+1 "
+                  "(unauthenticated: expose it to a private network only); 0 keeps IPC sockets")
+      ->capture_default_str()->check(CLI::Range(0, 65534));
+  cmd->add_option("--engine-host", o->engine_host, "address the engine's TCP ports bind (0.0.0.0: every interface)")
+      ->capture_default_str();
+  cmd->add_option("--connect-engine", o->connect_engine,
+                  "run only API servers, for an engine started elsewhere with --engine-port: HOST:PORT of each "
+                  "of its ranks, comma-separated, in rank order");
+  cmd->add_option("--shared-expert-ranks", o->shared_expert_ranks,
+                  "ranks that run only the shared experts, for the tokens of the others (the CM384 layout); 0: "
+                  "shared experts on every rank")
+      ->capture_default_str()->check(CLI::NonNegativeNumber);
   cmd->add_option("--api-key", o->api.api_key, "require 'Authorization: Bearer KEY' on /v1 and /metrics");
   cmd->add_option("--max-num-seqs", o->max_num_seqs, "requests in the running batch")->capture_default_str()
       ->check(CLI::PositiveNumber);
@@ -415,6 +529,10 @@ CommandRunner AddServeCommand(CLI::App& app, std::vector<std::string> argv) {
   cmd->add_option("--engine-timeout", o->engine_timeout_s,
                   "seconds of engine silence after which it counts as gone (503)")
       ->capture_default_str()->check(CLI::PositiveNumber);
+  cmd->add_option("--rank-timeout", o->rank_timeout_s,
+                  "seconds a rank waits in one collective for the others before it ends the instance (a rank "
+                  "hung or gone); longer than the slowest layer of the largest step")
+      ->capture_default_str()->check(CLI::PositiveNumber);
   cmd->add_option("--role", o->role)->group("")->check(CLI::IsMember({"engine", "api", "api-supervisor"}));
   cmd->add_option("--ipc-dir", o->ipc_dir)->group("");
   return [o, argv = std::move(argv)] {
@@ -433,13 +551,14 @@ CommandRunner AddServeCommand(CLI::App& app, std::vector<std::string> argv) {
       return Fail(Status::Error("--model: '" + o->model + "' is not a directory"));
     }
     if (auto dtype = ParseDType(o->dtype); !dtype.ok()) return Fail(dtype.status());
+    if (Status s = CheckTransport(*o); !s.ok()) return Fail(s);
     // The children would each report a broken model directory; checking the cheap parts here
     // gives one error line instead of one per process.
     if (auto config = LoadModelConfig(o->model + "/config.json"); !config.ok()) return Fail(config.status());
     if (auto tokenizer = Tokenizer::Load(o->model); !tokenizer.ok()) return Fail(tokenizer.status());
     const char* mpi_rank = std::getenv("OMPI_COMM_WORLD_RANK");  // set by mpirun
     if (mpi_rank && o->ranks != 1) return Fail(Status::Error("--ranks: not under mpirun, whose -np sets the ranks"));
-    if (!mpi_rank || std::string(mpi_rank) == "0") {
+    if ((!mpi_rank || std::string(mpi_rank) == "0") && !Headless(*o)) {
       if (Status s = CheckCanListen(o->api.host, o->api.port); !s.ok()) return Fail(s);
     }
     if (mpi_rank) return RunUnderMpirun(*o, argv);

@@ -19,4 +19,4 @@ cmake --build build-asan -j "$jobs" --target model_loader_test tokenizer_test to
   moe-serve openai_protocol_test stop_matcher_test engine_messages_test metrics_test
 # The process-management and load tests (kills, restarts, timings, MPI) run in the main suite only.
 ctest --test-dir build-asan --output-on-failure -j "$jobs" -L "loader|tokenizer|server" \
-  -E "server_(lifecycle|load|expert_parallel)|bench_serve"
+  -E "server_(lifecycle|load|expert_parallel|tcp_transport)|bench_serve"

@@ -3,6 +3,7 @@
 // single process is the same code with a communicator of size 1.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -42,6 +43,11 @@ class Communicator {
   virtual void ReduceScatterSum(std::span<const float> send, std::span<float> recv, std::span<const int64_t> counts) = 0;
   virtual int64_t AllReduceMax(int64_t value) = 0;
   virtual void Barrier() = 0;
+
+  // A rank that stops answering (hung, stopped, its host gone) holds every other rank in its next
+  // collective forever. From this call on, a rank blocked in one collective for longer than
+  // `timeout` says so on stderr and exits, and the launcher (mpirun) ends the whole instance.
+  virtual void SetCollectiveTimeout(std::chrono::milliseconds timeout) = 0;
 
   // Bytes this rank has handed to others through the data collectives (AllToAllV, AllGatherV,
   // ReduceScatterSum), its own share excluded: what crosses the links.

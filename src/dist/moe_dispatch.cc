@@ -25,15 +25,21 @@ int64_t Sum(std::span<const int64_t> v) {
 
 }  // namespace
 
-Expected<ExpertPlacement> ExpertPlacement::Contiguous(int64_t num_experts, int num_ranks) {
-  if (num_ranks < 1 || num_experts < num_ranks) {
+Expected<ExpertPlacement> ExpertPlacement::Contiguous(int64_t num_experts, int num_ranks, int shared_expert_ranks) {
+  const int routed_ranks = num_ranks - shared_expert_ranks;
+  if (shared_expert_ranks < 0 || routed_ranks < 1) {
+    return Status::Error(std::to_string(shared_expert_ranks) + " shared-expert ranks of " + std::to_string(num_ranks) +
+                         " leave no rank for the routed experts");
+  }
+  if (num_experts < routed_ranks) {
     return Status::Error(std::to_string(num_experts) + " routed experts cannot be spread over " +
-                         std::to_string(num_ranks) + " ranks: every rank needs at least one");
+                         std::to_string(routed_ranks) + " ranks: every rank needs at least one");
   }
   ExpertPlacement p;
   p.num_ranks_ = num_ranks;
-  const int64_t base = num_experts / num_ranks, extra = num_experts % num_ranks;
-  for (int r = 0; r < num_ranks; ++r) p.owner_.insert(p.owner_.end(), base + (r < extra ? 1 : 0), r);
+  p.shared_expert_ranks_ = shared_expert_ranks;
+  const int64_t base = num_experts / routed_ranks, extra = num_experts % routed_ranks;
+  for (int r = 0; r < routed_ranks; ++r) p.owner_.insert(p.owner_.end(), base + (r < extra ? 1 : 0), r);
   return p;
 }
 
@@ -60,7 +66,7 @@ MoeLayout MoeDispatcher::Layout(MoeExchange exchange, const int32_t* expert_ids,
   for (int r = 0; r < ranks; ++r) {
     for (int64_t t = 0; t < tokens; ++t) {
       const int32_t* slots = expert_ids + t * top_k;
-      if (std::any_of(slots, slots + top_k, [&](int32_t e) { return placement_.owner(e) == r; })) {
+      if (std::any_of(slots, slots + top_k, [&](int32_t e) { return placement_.owner(e, comm_.rank()) == r; })) {
         layout.send_token.push_back(static_cast<int32_t>(t));
         ++layout.send_rows[r];
       }
@@ -83,8 +89,11 @@ DispatchedTokens MoeDispatcher::Dispatch(const MoeLayout& layout, std::span<cons
     out.expert_ids.resize(out.rows * k);
     comm_.AllGatherV(Bytes(layout.expert_ids), MutableBytes(out.expert_ids),
                      Scaled(layout.rank_tokens, k * int64_t{sizeof(int32_t)}));
-    for (int32_t& e : out.expert_ids) {
-      if (placement_.owner(e) != comm_.rank()) e = -1;
+    int32_t* slot = out.expert_ids.data();  // rows arrive by home rank
+    for (int home = 0; home < comm_.size(); ++home) {
+      for (int64_t i = 0; i < layout.rank_tokens[home] * k; ++i, ++slot) {
+        if (placement_.owner(*slot, home) != comm_.rank()) *slot = -1;
+      }
     }
     return out;
   }
@@ -96,7 +105,7 @@ DispatchedTokens MoeDispatcher::Dispatch(const MoeLayout& layout, std::span<cons
   for (int r = 0; r < comm_.size(); ++r) {
     for (int64_t i = 0; i < layout.send_rows[r]; ++i, ++row) {
       const int32_t* slots = &layout.expert_ids[layout.send_token[row] * k];
-      for (int64_t j = 0; j < k; ++j) routing.push_back(placement_.owner(slots[j]) == r ? slots[j] : -1);
+      for (int64_t j = 0; j < k; ++j) routing.push_back(placement_.owner(slots[j], comm_.rank()) == r ? slots[j] : -1);
     }
   }
   out.rows = Sum(layout.recv_rows);
@@ -152,7 +161,7 @@ std::vector<float> MoeDispatcher::Combine(const MoeLayout& layout, const Dispatc
   for (int r = 0; r < ranks; ++r) {
     for (int64_t i = 0; i < layout.send_rows[r]; ++i, ++sent) {
       const int32_t* slots = &layout.expert_ids[layout.send_token[sent] * k];
-      for (int64_t j = 0; j < k; ++j) recv_floats[r] += placement_.owner(slots[j]) == r ? dim : 0;
+      for (int64_t j = 0; j < k; ++j) recv_floats[r] += placement_.owner(slots[j], comm_.rank()) == r ? dim : 0;
     }
   }
   std::vector<float> recv(Sum(recv_floats));
@@ -165,7 +174,7 @@ std::vector<float> MoeDispatcher::Combine(const MoeLayout& layout, const Dispatc
     for (int64_t i = 0; i < layout.send_rows[r]; ++i, ++sent) {
       const int64_t t = layout.send_token[sent];
       for (int64_t j = 0; j < k; ++j) {
-        if (placement_.owner(layout.expert_ids[t * k + j]) != r) continue;
+        if (placement_.owner(layout.expert_ids[t * k + j], comm_.rank()) != r) continue;
         std::copy_n(next, dim, &out[(t * k + j) * dim]);
         next += dim;
       }

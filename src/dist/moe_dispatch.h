@@ -17,22 +17,34 @@
 
 namespace moe {
 
-// Which rank runs each routed expert.
+// Which rank runs each expert. Experts 0 .. num_experts-1 are the routed ones. With dedicated
+// shared-expert ranks (the CM384 layout), expert id num_experts stands for a token's shared
+// experts, which travel like routed work to the shared-expert rank that serves the token's home.
 class ExpertPlacement {
  public:
-  // Rank r owns a contiguous range of experts; the first (num_experts % num_ranks) ranks get one
-  // more. Fails when there are fewer experts than ranks.
-  static Expected<ExpertPlacement> Contiguous(int64_t num_experts, int num_ranks);
+  // The last `shared_expert_ranks` ranks run only shared experts, for the home ranks congruent to
+  // them modulo their count; the others own contiguous ranges of routed experts, the first
+  // (num_experts % their count) one more. Fails when a routed-expert rank would get none.
+  static Expected<ExpertPlacement> Contiguous(int64_t num_experts, int num_ranks, int shared_expert_ranks = 0);
 
-  int owner(int32_t expert) const { return owner_[expert]; }
+  // The rank that runs `expert` for the tokens of rank `home`.
+  int owner(int32_t expert, int home) const {
+    if (expert < num_experts()) return owner_[expert];
+    return num_ranks_ - shared_expert_ranks_ + home % shared_expert_ranks_;
+  }
   int64_t num_experts() const { return static_cast<int64_t>(owner_.size()); }
   int num_ranks() const { return num_ranks_; }
-  // The experts rank r runs, ascending.
+  int shared_expert_ranks() const { return shared_expert_ranks_; }
+  // The id that routes a token to its shared-expert rank; only with shared_expert_ranks() > 0.
+  int32_t shared_expert_id() const { return static_cast<int32_t>(num_experts()); }
+  bool runs_shared_experts(int rank) const { return rank >= num_ranks_ - shared_expert_ranks_; }
+  // The routed experts rank r runs, ascending.
   std::vector<int32_t> experts_of(int rank) const;
 
  private:
   std::vector<int> owner_;
   int num_ranks_ = 1;
+  int shared_expert_ranks_ = 0;
 };
 
 enum class MoeExchange {

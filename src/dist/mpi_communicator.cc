@@ -1,8 +1,13 @@
 #include <mpi.h>
 
+#include <atomic>
 #include <climits>
+#include <condition_variable>
+#include <cstdio>
 #include <cstdlib>
+#include <mutex>
 #include <numeric>
+#include <thread>
 
 #include "base/check.h"
 #include "dist/communicator.h"
@@ -42,10 +47,64 @@ std::vector<int> Offsets(const std::vector<int>& counts) {
   return offsets;
 }
 
+// Ends the process when one blocking MPI call lasts longer than the timeout (see
+// Communicator::SetCollectiveTimeout). MPI offers no timeout of its own, and a thread blocked
+// inside MPI cannot be woken: leaving the process is the one way out, and mpirun then stops the rest.
+class CollectiveWatchdog {
+ public:
+  ~CollectiveWatchdog() {
+    {
+      std::lock_guard lock(mutex_);
+      stop_ = true;
+    }
+    wake_.notify_one();
+    if (thread_.joinable()) thread_.join();
+  }
+
+  void Start(int rank, std::chrono::milliseconds timeout) {
+    MOE_CHECK(!thread_.joinable(), "the collective timeout is set once");
+    thread_ = std::thread([this, rank, timeout] { Watch(rank, timeout); });
+  }
+
+  // Marks one blocking call, for as long as it lives.
+  class Blocked {
+   public:
+    explicit Blocked(CollectiveWatchdog& w) : w_(w) { w_.since_ = Clock::now().time_since_epoch().count(); }
+    ~Blocked() { w_.since_ = 0; }
+
+   private:
+    CollectiveWatchdog& w_;
+  };
+
+ private:
+  using Clock = std::chrono::steady_clock;
+
+  void Watch(int rank, std::chrono::milliseconds timeout) {
+    std::unique_lock lock(mutex_);
+    while (!wake_.wait_for(lock, std::chrono::milliseconds(100), [this] { return stop_; })) {
+      const int64_t since = since_.load();
+      if (since == 0 || Clock::now() - Clock::time_point(Clock::duration(since)) < timeout) continue;
+      std::fprintf(stderr,
+                   "error: rank %d waited %.1f s in a collective for another rank (hung, stopped or gone); "
+                   "ending this rank so that the instance fails instead of hanging\n",
+                   rank, static_cast<double>(timeout.count()) / 1000);
+      std::fflush(stderr);
+      std::_Exit(3);
+    }
+  }
+
+  std::atomic<int64_t> since_{0};  // steady-clock ticks when the current blocking call began; 0: none
+  std::mutex mutex_;
+  std::condition_variable wake_;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
 class PendingMpi final : public PendingCollective {
  public:
-  PendingMpi(std::vector<int> send_counts, std::vector<int> recv_counts)
-      : send_counts_(std::move(send_counts)),
+  PendingMpi(std::vector<int> send_counts, std::vector<int> recv_counts, CollectiveWatchdog& watchdog)
+      : watchdog_(watchdog),
+        send_counts_(std::move(send_counts)),
         recv_counts_(std::move(recv_counts)),
         send_offsets_(Offsets(send_counts_)),
         recv_offsets_(Offsets(recv_counts_)) {}
@@ -56,10 +115,13 @@ class PendingMpi final : public PendingCollective {
                    recv_offsets_.data(), MPI_BYTE, MPI_COMM_WORLD, &request_);
   }
   void Wait() override {
-    if (request_ != MPI_REQUEST_NULL) MPI_Wait(&request_, MPI_STATUS_IGNORE);
+    if (request_ == MPI_REQUEST_NULL) return;
+    CollectiveWatchdog::Blocked blocked(watchdog_);
+    MPI_Wait(&request_, MPI_STATUS_IGNORE);
   }
 
  private:
+  CollectiveWatchdog& watchdog_;
   // MPI reads the count and offset arrays until the collective completes, so they live here.
   std::vector<int> send_counts_, recv_counts_, send_offsets_, recv_offsets_;
   MPI_Request request_ = MPI_REQUEST_NULL;
@@ -80,19 +142,21 @@ class MpiCommunicator final : public Communicator {
                                                     std::span<uint8_t> recv,
                                                     std::span<const int64_t> recv_counts) override {
     CountSent(send_counts);
-    auto pending = std::make_unique<PendingMpi>(ToInts(send_counts), ToInts(recv_counts));
+    auto pending = std::make_unique<PendingMpi>(ToInts(send_counts), ToInts(recv_counts), watchdog_);
     pending->Start(send.data(), recv.data());
     return pending;
   }
 
   std::vector<int64_t> AllToAll(std::span<const int64_t> values) override {
     std::vector<int64_t> out(size_);
+    CollectiveWatchdog::Blocked blocked(watchdog_);
     MPI_Alltoall(values.data(), 1, MPI_INT64_T, out.data(), 1, MPI_INT64_T, MPI_COMM_WORLD);
     return out;
   }
 
   std::vector<int64_t> AllGather(int64_t value) override {
     std::vector<int64_t> out(size_);
+    CollectiveWatchdog::Blocked blocked(watchdog_);
     MPI_Allgather(&value, 1, MPI_INT64_T, out.data(), 1, MPI_INT64_T, MPI_COMM_WORLD);
     return out;
   }
@@ -100,6 +164,7 @@ class MpiCommunicator final : public Communicator {
   void AllGatherV(std::span<const uint8_t> send, std::span<uint8_t> recv, std::span<const int64_t> counts) override {
     const std::vector<int> c = ToInts(counts);
     bytes_sent_ += int64_t{c[rank_]} * (size_ - 1);
+    CollectiveWatchdog::Blocked blocked(watchdog_);
     MPI_Allgatherv(send.data(), c[rank_], MPI_BYTE, recv.data(), c.data(), Offsets(c).data(), MPI_BYTE,
                    MPI_COMM_WORLD);
   }
@@ -125,11 +190,17 @@ class MpiCommunicator final : public Communicator {
 
   int64_t AllReduceMax(int64_t value) override {
     int64_t out = 0;
+    CollectiveWatchdog::Blocked blocked(watchdog_);
     MPI_Allreduce(&value, &out, 1, MPI_INT64_T, MPI_MAX, MPI_COMM_WORLD);
     return out;
   }
 
-  void Barrier() override { MPI_Barrier(MPI_COMM_WORLD); }
+  void Barrier() override {
+    CollectiveWatchdog::Blocked blocked(watchdog_);
+    MPI_Barrier(MPI_COMM_WORLD);
+  }
+
+  void SetCollectiveTimeout(std::chrono::milliseconds timeout) override { watchdog_.Start(rank_, timeout); }
 
  private:
   void CountSent(std::span<const int64_t> counts) {
@@ -140,6 +211,7 @@ class MpiCommunicator final : public Communicator {
 
   int rank_ = 0;
   int size_ = 1;
+  CollectiveWatchdog watchdog_;
 };
 
 }  // namespace

@@ -34,6 +34,7 @@ class SingleRankCommunicator final : public Communicator {
   }
   int64_t AllReduceMax(int64_t value) override { return value; }
   void Barrier() override {}
+  void SetCollectiveTimeout(std::chrono::milliseconds) override {}  // nothing to wait for
 };
 
 }  // namespace

@@ -22,6 +22,8 @@ class ExpertLoadCounter final : public ExpertBackend {
   void Run(const MoeWeights& moe, const float* x, int64_t tokens, const int32_t* expert_ids, const float* weights,
            int64_t top_k, float* out) override;
 
+  double exchange_seconds() const override { return inner_.exchange_seconds(); }
+
   struct LayerLoad {
     int64_t layer = 0;
     std::vector<int64_t> tokens_per_expert;

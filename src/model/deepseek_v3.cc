@@ -9,10 +9,10 @@
 namespace moe {
 
 Expected<std::unique_ptr<DeepseekV3Model>> DeepseekV3Model::Load(const std::string& dir, DType dtype,
-                                                                  const ExpertFilter& load_expert) {
+                                                                  const ExpertSelection& experts) {
   MOE_ASSIGN_OR_RETURN(ModelConfig config, LoadModelConfig(dir + "/config.json"));
   MOE_ASSIGN_OR_RETURN(Checkpoint checkpoint, Checkpoint::Open(dir));
-  MOE_ASSIGN_OR_RETURN(ModelWeights weights, LoadModelWeights(checkpoint, config, dtype, load_expert));
+  MOE_ASSIGN_OR_RETURN(ModelWeights weights, LoadModelWeights(checkpoint, config, dtype, experts));
   return std::unique_ptr<DeepseekV3Model>(new DeepseekV3Model(std::move(config), std::move(weights), dtype));
 }
 

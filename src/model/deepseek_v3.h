@@ -25,9 +25,9 @@ struct SequenceChunk {
 class DeepseekV3Model {
  public:
   // Reads config.json and the safetensors of `dir`; `dtype` is the precision of linear layers: kF32, kBF16 or kI8 (A8W8).
-  // Only the routed experts `load_expert` accepts are loaded (all when it is empty).
+  // Only the experts in `experts` are loaded.
   static Expected<std::unique_ptr<DeepseekV3Model>> Load(const std::string& dir, DType dtype,
-                                                         const ExpertFilter& load_expert = {});
+                                                         const ExpertSelection& experts = {});
 
   const ModelConfig& config() const { return config_; }
   bool has_mtp() const { return weights_.mtp.has_value(); }

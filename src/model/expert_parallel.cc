@@ -1,83 +1,151 @@
 #include "model/expert_parallel.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstring>
 #include <numeric>
 
+#include "base/check.h"
 #include "model/mlp.h"
 
 namespace moe {
+namespace {
+
+// Rows of one wire format, packed for dispatch and unpacked per expert on arrival.
+class WireRows {
+ public:
+  WireRows(ActivationWire wire, const float* x, int64_t tokens, int64_t hidden) : wire_(wire), hidden_(hidden) {
+    switch (wire) {
+      case ActivationWire::kF32:
+        payloads_ = {{reinterpret_cast<const uint8_t*>(x), hidden * int64_t{sizeof(float)}}};
+        break;
+      case ActivationWire::kBF16:
+        bf16_.resize(tokens * hidden);
+        for (int64_t i = 0; i < tokens * hidden; ++i) bf16_[i] = F32ToBf16(x[i]);
+        payloads_ = {{reinterpret_cast<const uint8_t*>(bf16_.data()), hidden * int64_t{sizeof(bf16)}}};
+        break;
+      case ActivationWire::kInt8:
+        // What the expert's own GEMMs would have computed, once per token.
+        q_.resize(tokens * hidden);
+        scales_.resize(tokens);
+        kernels::QuantizeRows(x, tokens, hidden, q_.data(), scales_.data());
+        payloads_ = {{reinterpret_cast<const uint8_t*>(q_.data()), hidden},
+                     {reinterpret_cast<const uint8_t*>(scales_.data()), sizeof(float)}};
+        break;
+    }
+  }
+
+  std::span<const RowPayload> payloads() const { return payloads_; }
+
+  // y[i] = mlp(row rows[i] of `got`).
+  void RunExpert(const MlpWeights& mlp, const DispatchedTokens& got, std::span<const int64_t> rows, float* y) const {
+    const auto m = static_cast<int64_t>(rows.size());
+    const int64_t row_bytes = payloads_[0].row_bytes;
+    std::vector<uint8_t> gathered(m * row_bytes);
+    for (int64_t i = 0; i < m; ++i) std::memcpy(&gathered[i * row_bytes], &got.payloads[0][rows[i] * row_bytes], row_bytes);
+    if (wire_ == ActivationWire::kInt8) {
+      std::vector<float> scales(m);
+      for (int64_t i = 0; i < m; ++i) std::memcpy(&scales[i], &got.payloads[1][rows[i] * sizeof(float)], sizeof(float));
+      MlpForwardQuantized(mlp, reinterpret_cast<const int8_t*>(gathered.data()), scales.data(), m, y);
+      return;
+    }
+    if (wire_ == ActivationWire::kF32) {
+      MlpForward(mlp, reinterpret_cast<const float*>(gathered.data()), m, y);
+      return;
+    }
+    // BF16 -> F32 is exact, and the BF16 GEMM rounds these values to themselves.
+    std::vector<float> f32(m * hidden_);
+    const auto* b = reinterpret_cast<const bf16*>(gathered.data());
+    for (int64_t i = 0; i < m * hidden_; ++i) f32[i] = Bf16ToF32(b[i]);
+    MlpForward(mlp, f32.data(), m, y);
+  }
+
+ private:
+  ActivationWire wire_;
+  int64_t hidden_;
+  std::vector<bf16> bf16_;
+  std::vector<int8_t> q_;
+  std::vector<float> scales_;
+  std::vector<RowPayload> payloads_;
+};
+
+}  // namespace
+
+ActivationWire WireFor(DType expert_dtype) {
+  switch (expert_dtype) {
+    case DType::kI8: return ActivationWire::kInt8;
+    case DType::kBF16: return ActivationWire::kBF16;
+    default: return ActivationWire::kF32;
+  }
+}
 
 void ExpertParallelBackend::Run(const MoeWeights& moe, const float* x, int64_t tokens, const int32_t* expert_ids,
                                 const float* weights, int64_t top_k, float* out) {
+  using Clock = std::chrono::steady_clock;
   const int64_t hidden = moe.router.dim(1);
-  const bool int8 = int8_;
-  const MoeLayout layout = dispatcher_.Layout(exchange_, expert_ids, tokens, top_k);
-
-  // A8W8 experts take their input as INT8 rows and scales, quantized here once per token: what
-  // the expert's own GEMMs would have computed, at about half the bytes of BF16.
-  std::vector<int8_t> q;
-  std::vector<float> scales;
-  std::vector<RowPayload> payloads;
-  if (int8) {
-    q.resize(tokens * hidden);
-    scales.resize(tokens);
-    kernels::QuantizeRows(x, tokens, hidden, q.data(), scales.data());
-    payloads = {{reinterpret_cast<const uint8_t*>(q.data()), hidden},
-                {reinterpret_cast<const uint8_t*>(scales.data()), sizeof(float)}};
-  } else {
-    payloads = {{reinterpret_cast<const uint8_t*>(x), hidden * int64_t{sizeof(float)}}};
+  // With shared-expert ranks, a token's shared experts are one more slot, of weight 1 and the
+  // highest id: the last term of its sum, as on one rank.
+  const bool remote_shared = placement_.shared_expert_ranks() > 0;
+  const int64_t slots = top_k + (remote_shared ? 1 : 0);
+  std::vector<int32_t> ids;
+  std::vector<float> slot_weights;
+  ids.reserve(tokens * slots);
+  slot_weights.reserve(tokens * slots);
+  for (int64_t t = 0; t < tokens; ++t) {
+    ids.insert(ids.end(), expert_ids + t * top_k, expert_ids + (t + 1) * top_k);
+    slot_weights.insert(slot_weights.end(), weights + t * top_k, weights + (t + 1) * top_k);
+    if (remote_shared) {
+      ids.push_back(placement_.shared_expert_id());
+      slot_weights.push_back(1.0f);
+    }
   }
-  const DispatchedTokens got = dispatcher_.Dispatch(layout, payloads);
+
+  const auto start = Clock::now();
+  const MoeLayout layout = dispatcher_.Layout(exchange_, ids.data(), tokens, slots);
+  const WireRows wire(wire_, x, tokens, hidden);
+  const DispatchedTokens got = dispatcher_.Dispatch(layout, wire.payloads());
+  const auto dispatched = Clock::now();
 
   // Each expert of this rank runs once over all the rows that chose it.
-  std::vector<std::vector<int64_t>> slots_of(moe.experts.size());  // row * top_k + slot
-  for (int64_t s = 0; s < got.rows * top_k; ++s) {
+  const int64_t num_experts = placement_.num_experts() + (remote_shared ? 1 : 0);
+  std::vector<std::vector<int64_t>> slots_of(num_experts);  // row * slots + slot
+  for (int64_t s = 0; s < got.rows * slots; ++s) {
     if (got.expert_ids[s] >= 0) slots_of[got.expert_ids[s]].push_back(s);
   }
-  std::vector<float> results(got.rows * top_k * hidden);
-  std::vector<int8_t> rows_q;
-  std::vector<float> rows_scales, rows_f32, y;
-  for (size_t e = 0; e < slots_of.size(); ++e) {
-    const auto& slots = slots_of[e];
-    if (slots.empty()) continue;
-    const auto m = static_cast<int64_t>(slots.size());
-    y.resize(m * hidden);
-    if (int8) {
-      rows_q.resize(m * hidden);
-      rows_scales.resize(m);
-      for (int64_t i = 0; i < m; ++i) {
-        const int64_t row = slots[i] / top_k;
-        std::memcpy(&rows_q[i * hidden], &got.payloads[0][row * hidden], hidden);
-        std::memcpy(&rows_scales[i], &got.payloads[1][row * sizeof(float)], sizeof(float));
-      }
-      MlpForwardQuantized(moe.experts[e], rows_q.data(), rows_scales.data(), m, y.data());
-    } else {
-      rows_f32.resize(m * hidden);
-      for (int64_t i = 0; i < m; ++i) {
-        std::memcpy(&rows_f32[i * hidden], &got.payloads[0][(slots[i] / top_k) * hidden * sizeof(float)],
-                    hidden * sizeof(float));
-      }
-      MlpForward(moe.experts[e], rows_f32.data(), m, y.data());
+  std::vector<float> results(got.rows * slots * hidden);
+  std::vector<int64_t> rows;
+  std::vector<float> y;
+  for (int64_t e = 0; e < num_experts; ++e) {
+    if (slots_of[e].empty()) continue;
+    const bool shared = e == placement_.num_experts();
+    MOE_CHECK(!shared || moe.shared, "shared-expert work reached a rank without the shared experts");
+    rows.clear();
+    for (int64_t s : slots_of[e]) rows.push_back(s / slots);
+    y.resize(rows.size() * hidden);
+    wire.RunExpert(shared ? *moe.shared : moe.experts[e], got, rows, y.data());
+    for (size_t i = 0; i < rows.size(); ++i) {
+      std::memcpy(&results[slots_of[e][i] * hidden], &y[i * hidden], hidden * sizeof(float));
     }
-    for (int64_t i = 0; i < m; ++i) std::memcpy(&results[slots[i] * hidden], &y[i * hidden], hidden * sizeof(float));
   }
+  const auto computed = Clock::now();
   const std::vector<float> combined = dispatcher_.Combine(layout, got, results.data(), hidden);
+  exchange_seconds_ += std::chrono::duration<double>(dispatched - start + (Clock::now() - computed)).count();
 
   // The same sum, in the same order, as LocalExpertBackend: ascending expert id.
   std::fill(out, out + tokens * hidden, 0.0f);
-  std::vector<int64_t> order(top_k);
+  std::vector<int64_t> order(slots);
   for (int64_t t = 0; t < tokens; ++t) {
-    const int32_t* ids = expert_ids + t * top_k;
+    const int32_t* token_ids = &ids[t * slots];
     std::iota(order.begin(), order.end(), 0);
-    std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return ids[a] < ids[b]; });
+    std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return token_ids[a] < token_ids[b]; });
     float* dst = out + t * hidden;
     for (int64_t j : order) {
-      const float w = weights[t * top_k + j];
-      const float* src = &combined[(t * top_k + j) * hidden];
+      const float w = slot_weights[t * slots + j];
+      const float* src = &combined[(t * slots + j) * hidden];
       for (int64_t d = 0; d < hidden; ++d) dst[d] += w * src[d];
     }
   }
+  if (!remote_shared) AddSharedExperts(moe, x, tokens, out);
 }
 
 }  // namespace moe

@@ -103,11 +103,20 @@ void LocalExpertBackend::Run(const MoeWeights& moe, const float* x, int64_t toke
       for (int64_t d = 0; d < hidden; ++d) dst[d] += batch[i].second * results[i * hidden + d];
     }
   }
+  AddSharedExperts(moe, x, tokens, out);
+}
+
+void AddSharedExperts(const MoeWeights& w, const float* x, int64_t tokens, float* out) {
+  if (!w.shared) return;
+  const int64_t hidden = w.router.dim(1);
+  std::vector<float> shared(tokens * hidden);
+  MlpForward(*w.shared, x, tokens, shared.data());
+  for (int64_t i = 0; i < tokens * hidden; ++i) out[i] += shared[i];
 }
 
 void MoeForward(const MoeWeights& w, const ModelConfig& c, ExpertBackend& experts, const float* x,
                 int64_t tokens, float* out) {
-  const int64_t hidden = c.hidden_size, k = c.num_experts_per_tok;
+  const int64_t k = c.num_experts_per_tok;
   std::vector<float> logits(tokens * c.n_routed_experts);
   // F32, in an order that does not depend on the batch: a token's experts must not either.
   kernels::BatchInvariantMatmul(x, tokens, w.router.view(), logits.data());
@@ -116,11 +125,6 @@ void MoeForward(const MoeWeights& w, const ModelConfig& c, ExpertBackend& expert
   Route(c, logits.data(), w.score_bias.empty() ? nullptr : w.score_bias.data<float>(), tokens, ids.data(),
         weights.data());
   experts.Run(w, x, tokens, ids.data(), weights.data(), k, out);
-  if (w.shared) {
-    std::vector<float> shared(tokens * hidden);
-    MlpForward(*w.shared, x, tokens, shared.data());
-    for (int64_t i = 0; i < tokens * hidden; ++i) out[i] += shared[i];
-  }
 }
 
 }  // namespace moe

@@ -1,4 +1,4 @@
-// The MoE block: routing, then the routed experts through an ExpertBackend, plus shared experts.
+// The MoE block: routing, then the experts (routed and shared) through an ExpertBackend.
 #pragma once
 
 #include <cstdint>
@@ -15,14 +15,17 @@ namespace moe {
 void Route(const ModelConfig& config, const float* logits, const float* score_bias, int64_t tokens,
            int32_t* expert_ids, float* weights);
 
-// Runs routed experts. The model calls experts only through this, so that expert parallelism can
-// replace where they run without touching the model.
+// Runs the experts of an MoE block. The model calls experts only through this, so that expert
+// parallelism can replace where they run without touching the model.
 class ExpertBackend {
  public:
   virtual ~ExpertBackend() = default;
-  // out[t] = sum_j weights[t, j] * expert_{expert_ids[t, j]}(x[t]) for t < tokens, j < top_k.
+  // out[t] = sum_j weights[t, j] * expert_{expert_ids[t, j]}(x[t]) for t < tokens, j < top_k, in
+  // ascending expert order, then + shared(x[t]) when the layer has shared experts.
   virtual void Run(const MoeWeights& moe, const float* x, int64_t tokens, const int32_t* expert_ids,
                    const float* weights, int64_t top_k, float* out) = 0;
+  // Wall time Run spent moving tokens between ranks so far: zero when every expert is local.
+  virtual double exchange_seconds() const { return 0; }
 };
 
 // Every expert in this process. Tokens are grouped by expert so each expert runs one GEMM; each
@@ -33,6 +36,10 @@ class LocalExpertBackend final : public ExpertBackend {
   void Run(const MoeWeights& moe, const float* x, int64_t tokens, const int32_t* expert_ids,
            const float* weights, int64_t top_k, float* out) override;
 };
+
+// Adds the layer's shared experts of x to out (nothing when it has none): the last term of a
+// token's sum.
+void AddSharedExperts(const MoeWeights& w, const float* x, int64_t tokens, float* out);
 
 // out[tokens, hidden] = routed experts + shared experts of x (already normalized).
 void MoeForward(const MoeWeights& w, const ModelConfig& config, ExpertBackend& experts, const float* x,

@@ -80,7 +80,7 @@ AttentionWeights LoadAttention(TensorLoader& loader, const std::string& prefix, 
   return a;
 }
 
-LayerWeights LoadLayer(TensorLoader& loader, int64_t index, const ModelConfig& c, const ExpertFilter& load_expert) {
+LayerWeights LoadLayer(TensorLoader& loader, int64_t index, const ModelConfig& c, const ExpertSelection& experts) {
   const std::string prefix = "model.layers." + std::to_string(index) + ".";
   LayerWeights layer;
   layer.input_norm = loader.F32(prefix + "input_layernorm.weight", {c.hidden_size});
@@ -97,11 +97,11 @@ LayerWeights LoadLayer(TensorLoader& loader, int64_t index, const ModelConfig& c
   }
   moe.experts.resize(c.n_routed_experts);
   for (int64_t e = 0; e < c.n_routed_experts; ++e) {
-    if (load_expert && !load_expert(e)) continue;
+    if (experts.routed && !experts.routed(e)) continue;
     moe.experts[e] =
         LoadMlp(loader, prefix + "mlp.experts." + std::to_string(e) + ".", c.hidden_size, c.moe_intermediate_size);
   }
-  if (c.n_shared_experts > 0) {
+  if (c.n_shared_experts > 0 && experts.shared) {
     moe.shared = LoadMlp(loader, prefix + "mlp.shared_experts.", c.hidden_size,
                          c.n_shared_experts * c.moe_intermediate_size);
   }
@@ -146,13 +146,13 @@ Linear MakeLinear(Tensor w, DType dtype) {
 }
 
 Expected<ModelWeights> LoadModelWeights(const Checkpoint& checkpoint, const ModelConfig& c, DType dtype,
-                                        const ExpertFilter& load_expert) {
+                                        const ExpertSelection& experts) {
   MOE_CHECK(dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kI8, "unsupported run dtype");
   TensorLoader loader(checkpoint, dtype);
   ModelWeights w;
   w.embed = loader.F32("model.embed_tokens.weight", {c.vocab_size, c.hidden_size});
   for (int64_t i = 0; i < c.num_hidden_layers && loader.status().ok(); ++i) {
-    w.layers.push_back(LoadLayer(loader, i, c, load_expert));
+    w.layers.push_back(LoadLayer(loader, i, c, experts));
   }
   w.final_norm = loader.F32("model.norm.weight", {c.hidden_size});
   // lm_head stays BF16 under W8A8: INT8 there cost most of the logits' accuracy on random tiny models
@@ -171,7 +171,7 @@ Expected<ModelWeights> LoadModelWeights(const Checkpoint& checkpoint, const Mode
     mtp.eh_proj = loader.LoadLinear(prefix + "eh_proj.weight", c.hidden_size, 2 * c.hidden_size);
     mtp.head_norm = loader.F32(prefix + "shared_head.norm.weight", {c.hidden_size});
     mtp.head = MakeLinear(loader.F32(prefix + "shared_head.head.weight", {c.vocab_size, c.hidden_size}), head_dtype);
-    mtp.block = LoadLayer(loader, index, c, load_expert);
+    mtp.block = LoadLayer(loader, index, c, experts);
   }
   if (!loader.status().ok()) return loader.status();
   return w;

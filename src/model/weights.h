@@ -76,12 +76,15 @@ struct ModelWeights {
 void SplitAbsorbedWeights(const ModelConfig& config, const Tensor& kv_b_f32, DType dtype,
                           AttentionWeights& attention);
 
-// Whether this process runs routed expert `e` (of every MoE layer); an empty one: all of them.
-using ExpertFilter = std::function<bool(int64_t e)>;
+// The experts of every MoE layer this process runs (the others run on other ranks); by default all.
+struct ExpertSelection {
+  std::function<bool(int64_t e)> routed;  // whether routed expert e is here; empty: every one
+  bool shared = true;
+};
 
-// `dtype` is the run precision of linear layers: kF32, kBF16 or kI8. Routed experts the filter
-// turns down stay empty (other ranks run them).
+// `dtype` is the run precision of linear layers: kF32, kBF16 or kI8. Experts left out of
+// `experts` stay empty.
 Expected<ModelWeights> LoadModelWeights(const Checkpoint& checkpoint, const ModelConfig& config,
-                                        DType dtype, const ExpertFilter& load_expert = {});
+                                        DType dtype, const ExpertSelection& experts = {});
 
 }  // namespace moe

@@ -1,5 +1,7 @@
 #include "server/engine_client.h"
 
+#include <cstring>
+
 #include <spdlog/spdlog.h>
 #include <zmq_addon.hpp>
 
@@ -31,7 +33,8 @@ EngineClient::EngineClient(const EngineEndpoints& endpoints, std::string client_
   outputs_.set(zmq::sockopt::routing_id, client_id_);
   outputs_.set(zmq::sockopt::rcvhwm, 0);
   const std::string monitor_address = "inproc://engine-monitor";
-  if (zmq_socket_monitor(outputs_.handle(), monitor_address.c_str(), ZMQ_EVENT_DISCONNECTED) != 0) {
+  if (zmq_socket_monitor(outputs_.handle(), monitor_address.c_str(), ZMQ_EVENT_CONNECTED | ZMQ_EVENT_DISCONNECTED) !=
+      0) {
     throw zmq::error_t();
   }
   monitor_.connect(monitor_address);
@@ -42,8 +45,6 @@ EngineClient::EngineClient(const EngineEndpoints& endpoints, std::string client_
   requests_.set(zmq::sockopt::linger, 0);
   outputs_.set(zmq::sockopt::linger, 0);
   requests_.connect(endpoints.requests);
-  // Queued until the engine binds: an API server may start before the engine.
-  outputs_.send(zmq::buffer(Encode(ToEngine(HelloMessage{client_id_}))), zmq::send_flags::none);
   thread_ = std::thread([this] { Loop(); });
 }
 
@@ -123,13 +124,19 @@ void EngineClient::Loop() {
       }
       Receive(std::move(*decoded));
     }
+    // Every connection, the first or one to an engine that came back, starts with a hello: the
+    // engine answers it with its info, which makes this client available.
     std::vector<zmq::message_t> event;
-    bool disconnected = false;
     while (zmq::recv_multipart(monitor_, std::back_inserter(event), zmq::recv_flags::dontwait)) {
-      disconnected = true;
+      uint16_t id = 0;
+      std::memcpy(&id, event[0].data(), sizeof(id));  // the first frame: event id, then its value
+      if (id == ZMQ_EVENT_CONNECTED) {
+        outputs_.send(zmq::buffer(Encode(ToEngine(HelloMessage{client_id_}))), zmq::send_flags::none);
+      } else {
+        MarkGone("the engine process disconnected");
+      }
       event.clear();
     }
-    if (disconnected) MarkGone("the engine process disconnected");
     bool silent;
     {
       std::lock_guard lock(mutex_);
@@ -143,7 +150,7 @@ void EngineClient::Receive(FromEngine message) {
   std::lock_guard lock(mutex_);
   last_heard_ = std::chrono::steady_clock::now();
   if (auto* info = std::get_if<EngineInfo>(&message)) {
-    if (!info_ && unavailable_ == "the engine is starting") {
+    if (!info_) {
       spdlog::info("engine ready: model {}, context {} tokens", info->model, info->max_model_len);
       info_ = std::move(*info);
       unavailable_.clear();

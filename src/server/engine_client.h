@@ -52,7 +52,8 @@ class RequestStream {
 class EngineClient {
  public:
   // `client_id` names this API server to the engine; unique among the live ones. The engine is
-  // declared gone when its connection drops or it is silent for `liveness_timeout`.
+  // declared gone when its connection drops or it is silent for `liveness_timeout`, and available
+  // again when an engine (re)connects and answers this client's hello.
   EngineClient(const EngineEndpoints& endpoints, std::string client_id, std::chrono::milliseconds liveness_timeout);
   ~EngineClient();
 

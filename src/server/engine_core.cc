@@ -40,7 +40,8 @@ class EngineCore {
       outputs_.set(zmq::sockopt::linger, 0);             // nor the exit on a gone one
       outputs_.bind(options_.endpoints.outputs);
     } catch (const zmq::error_t& e) {
-      return Status::Error(std::string("engine core: cannot bind its sockets: ") + e.what());
+      return Status::Error("engine core: cannot bind its sockets " + options_.endpoints.requests + " and " +
+                           options_.endpoints.outputs + ": " + e.what());
     }
     auto last_heartbeat = Clock::now();
     // An idle rank of several listens this long between asking the others whether any has work.
@@ -212,6 +213,7 @@ class EngineCore {
     g.prefix_queried_tokens = kv.prefix_cache_stats().queried_tokens;
     g.prefix_hit_tokens = kv.prefix_cache_stats().hit_tokens;
     g.num_preemptions = engine_.num_preemptions();
+    g.moe_exchange_seconds = expert_load_.exchange_seconds();
     return metrics_.Render(g, expert_load_.Snapshot());
   }
 
@@ -235,6 +237,11 @@ class EngineCore {
 EngineEndpoints IpcEndpoints(const std::string& dir, int rank) {
   const std::string rank_suffix = std::to_string(rank);
   return {"ipc://" + dir + "/requests-" + rank_suffix, "ipc://" + dir + "/outputs-" + rank_suffix};
+}
+
+EngineEndpoints TcpEndpoints(const std::string& host, int port) {
+  const std::string prefix = "tcp://" + host + ":";
+  return {prefix + std::to_string(port), prefix + std::to_string(port + 1)};
 }
 
 Status RunEngineCore(Engine& engine, const ExpertLoadCounter& expert_load, const EngineCoreOptions& options,

@@ -21,6 +21,8 @@ struct EngineEndpoints {
 
 // Endpoints for engine rank `rank` and the API servers on one host: IPC sockets under `dir`.
 EngineEndpoints IpcEndpoints(const std::string& dir, int rank);
+// TCP endpoints, for API servers on other hosts: requests at `port`, outputs at `port + 1`.
+EngineEndpoints TcpEndpoints(const std::string& host, int port);
 
 struct EngineCoreOptions {
   EngineEndpoints endpoints;

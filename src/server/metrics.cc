@@ -53,6 +53,10 @@ std::string ServingMetrics::Render(const EngineGauges& g,
   scalar("moe:engine_step_seconds_total", "counter",
          "Time the engine loop spent in steps; the rest of the wall time it waited for work or did I/O.",
          step_seconds_);
+  scalar("moe:moe_exchange_seconds_total", "counter",
+         "Time the MoE layers spent moving tokens between ranks, waiting for the other ranks included: "
+         "over moe:engine_step_seconds_total, the communication share of the steps.",
+         g.moe_exchange_seconds);
   metric("moe:request_success_total", "counter", "Finished requests by finish reason.");
   for (const auto& [reason, count] : finished_) {
     out += fmt::format("moe:request_success_total{{finished_reason=\"{}\"}} {}\n", reason, count);

@@ -35,6 +35,7 @@ struct EngineGauges {
   int64_t prefix_queried_tokens = 0;
   int64_t prefix_hit_tokens = 0;
   int64_t num_preemptions = 0;
+  double moe_exchange_seconds = 0;
 };
 
 class ServingMetrics {

@@ -58,7 +58,7 @@ void CheckRoundTrip(MoeExchange exchange, int64_t tokens_per_rank) {
     for (int64_t j = 0; j < kTopK; ++j) {
       const int32_t e = got.expert_ids[row * kTopK + j];
       if (e < 0) continue;
-      EXPECT_EQ(placement->owner(e), comm->rank()) << "a slot of another rank's expert arrived";
+      EXPECT_EQ(placement->owner(e, comm->rank()), comm->rank()) << "a slot of another rank's expert arrived";
       for (int64_t d = 0; d < kDim; ++d) results[(row * kTopK + j) * kDim + d] = ExpertResult(e, x, d);
     }
   }
@@ -91,7 +91,7 @@ TEST(MoeDispatch, AllToAllDispatchSendsTheAnalyticalBytes) {
   int64_t expected = 0;
   for (int64_t t = 0; t < tokens; ++t) {
     std::set<int> ranks;
-    for (int64_t j = 0; j < kTopK; ++j) ranks.insert(placement->owner(local.expert_ids[t * kTopK + j]));
+    for (int64_t j = 0; j < kTopK; ++j) ranks.insert(placement->owner(local.expert_ids[t * kTopK + j], comm->rank()));
     ranks.erase(comm->rank());
     expected += static_cast<int64_t>(ranks.size()) * (row_bytes + kTopK * 4);
   }
@@ -112,6 +112,21 @@ TEST(ExpertPlacement, SpreadsContiguouslyAndRefusesTooManyRanks) {
   EXPECT_EQ(p->experts_of(2), (std::vector<int32_t>{6, 7}));
   EXPECT_EQ(p->experts_of(3), (std::vector<int32_t>{8, 9}));
   EXPECT_FALSE(ExpertPlacement::Contiguous(3, 4).ok());
+}
+
+TEST(ExpertPlacement, DedicatedSharedExpertRanksServeTheHomeRanksInTurn) {
+  auto p = ExpertPlacement::Contiguous(10, 5, 2);
+  ASSERT_TRUE(p.ok());
+  EXPECT_EQ(p->experts_of(0), (std::vector<int32_t>{0, 1, 2, 3}));
+  EXPECT_EQ(p->experts_of(2), (std::vector<int32_t>{7, 8, 9}));
+  EXPECT_TRUE(p->experts_of(3).empty());
+  EXPECT_EQ(p->owner(p->shared_expert_id(), 0), 3);
+  EXPECT_EQ(p->owner(p->shared_expert_id(), 1), 4);
+  EXPECT_EQ(p->owner(p->shared_expert_id(), 2), 3);
+  EXPECT_TRUE(p->runs_shared_experts(4));
+  EXPECT_FALSE(p->runs_shared_experts(2));
+  EXPECT_FALSE(ExpertPlacement::Contiguous(10, 2, 2).ok());
+  EXPECT_FALSE(ExpertPlacement::Contiguous(2, 4, 1).ok());
 }
 
 }  // namespace

@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 """Expert parallelism changes where experts run, not what the model computes: under w8a8, greedy
 outputs of 16 mixed requests are the same text on 1 rank and on 2 and 4 ranks (routed experts split
-over them, requests spread over their data-parallel caches), with either MoE exchange."""
+over them, requests spread over their data-parallel caches), with either MoE exchange, and with the
+shared experts on every rank or on a dedicated one."""
 
 import concurrent.futures
 import re
@@ -15,6 +16,9 @@ LAYOUTS = [
     ("2 ranks, all-to-all", ["--ranks", 2, "--moe-exchange", "all-to-all"]),
     ("2 ranks, all-gather", ["--ranks", 2, "--moe-exchange", "all-gather"]),
     ("4 ranks, all-to-all", ["--ranks", 4, "--moe-exchange", "all-to-all"]),
+    ("2 ranks, shared experts on rank 1", ["--ranks", 2, "--shared-expert-ranks", 1]),
+    ("4 ranks, shared experts on rank 3, all-gather",
+     ["--ranks", 4, "--shared-expert-ranks", 1, "--moe-exchange", "all-gather"]),
 ]
 
 
@@ -34,13 +38,19 @@ def outputs_of(binary, extra):
             responses = list(pool.map(lambda body: sl.post(server.port, "/v1/completions", body), requests()))
         for r in responses:
             check(r.status == 200, f"{r!r}")
-        if "--ranks" in [str(a) for a in extra]:
-            ranks = int(extra[extra.index("--ranks") + 1])
+        if "--ranks" in extra:
+            ranks = extra[extra.index("--ranks") + 1]
+            shared_ranks = extra[extra.index("--shared-expert-ranks") + 1] if "--shared-expert-ranks" in extra else 0
             log = server.log_text()
-            owned = re.findall(r"engine rank (\d+) of (\d+): routed experts (\d+)-(\d+) of (\d+)", log)
-            check(len(owned) == ranks, f"every rank reports its experts:\n{log[-3000:]}")
-            covered = sorted(e for *_, lo, hi, _ in owned for e in range(int(lo), int(hi) + 1))
+            owned = re.findall(r"engine rank (\d+) of (\d+): routed experts (\d+)-(\d+) of (\d+)( and shared)?", log)
+            check(len(owned) == ranks - shared_ranks, f"every routed-expert rank reports its experts:\n{log[-3000:]}")
+            covered = sorted(e for *_, lo, hi, _, _ in owned for e in range(int(lo), int(hi) + 1))
             check(covered == list(range(int(owned[0][4]))), f"the ranks split the experts: {owned}")
+            check(all(bool(shared) == (shared_ranks == 0) for *_, shared in owned),
+                  f"shared experts are on every rank or on none of these: {owned}")
+            dedicated = re.findall(r"engine rank (\d+) of \d+: shared experts, no routed experts", log)
+            check(sorted(int(r) for r in dedicated) == list(range(ranks - shared_ranks, ranks)),
+                  f"the last {shared_ranks} rank(s) run the shared experts: {dedicated}")
         # SIGTERM reaches every rank through mpirun, and all of them leave the loop together.
         server.stop()
         check(server.proc.returncode == 0, f"exit status {server.proc.returncode} after SIGTERM")

@@ -5,6 +5,7 @@
   api_crash       kill -9 of one API server: the other keeps serving, a replacement appears
   engine_crash    kill -9 of the engine: 503 with a clear message, no hang
   rank_crash      the same for one rank of two (--ranks 2): the whole instance fails fast
+  rank_hang       one rank of two stopped (SIGSTOP): past --rank-timeout the instance fails the same way
   startup_errors  a bad --model or a port in use: non-zero exit with one 'error:' line
 Every assertion is about behaviour; time limits only bound waits so that nothing hangs."""
 import argparse
@@ -232,17 +233,19 @@ def test_api_crash(binary):
               f"{at_kill} in flight at a kill (those may fail)")
 
 
-def test_engine_crash(binary, ranks=1):
-    with sl.Server(binary, "--engine-timeout", 10, "--ranks", ranks) as server:
+def test_engine_crash(binary, ranks=1, how=signal.SIGKILL):
+    # The rank timeout is far below the engine timeout: a stopped rank must end the instance, not
+    # merely go silent.
+    with sl.Server(binary, "--engine-timeout", 30, "--ranks", ranks, "--rank-timeout", 3) as server:
         port = server.port
         engine = server.engine_pids()
         check(len(engine) == 1, f"engine processes: {engine}")
-        # With ranks, the engine process is mpirun and the ranks its children: kill the last.
+        # With ranks, the engine process is mpirun and the ranks its children: hit the last.
         victim = engine[0] if ranks == 1 else sl.proc_children(engine[0])[-1]
         conn, resp = long_stream(port)
         events = sl.sse_events(resp)
         next(events)
-        os.kill(victim, signal.SIGKILL)
+        os.kill(victim, how)
         # The stream in flight ends with an error, not a hang.
         chunks, usage, error, done = read_stream_from(events)
         conn.close()
@@ -262,6 +265,10 @@ def test_engine_crash(binary, ranks=1):
         r = sl.get(port, "/metrics", timeout=30)
         sl.check_error(r, 503, what="/metrics")
         check(server.proc.poll() is None, "the supervisor exited when the engine died")
+        sl.wait_until(lambda: not server.engine_pids(), 30, what="the engine (every rank) to be gone")
+        if how == signal.SIGSTOP:
+            check("in a collective for another rank" in server.log_text(),
+                  f"no rank reported the wait that ended it:\n{server.log_text()[-3000:]}")
         code = server.terminate_and_wait(60)
         check(code == 0, f"exit code {code} after SIGTERM with the engine gone")
         check(not server.group_pids(), f"processes left behind: {server.group_pids()}")
@@ -328,6 +335,7 @@ def main():
         ("api_crash", lambda: test_api_crash(b)),
         ("engine_crash", lambda: test_engine_crash(b)),
         ("rank_crash", lambda: test_engine_crash(b, ranks=2)),
+        ("rank_hang", lambda: test_engine_crash(b, ranks=2, how=signal.SIGSTOP)),
         ("startup_errors", lambda: test_startup_errors(b)),
     ]
     sys.exit(sl.run_cases(cases, args.case))
