@@ -50,6 +50,7 @@ struct ServeOptions {
   int ranks = 1;
   std::string moe_exchange = "all-to-all";
   int shared_expert_ranks = 0;
+  bool moe_overlap = false;
   ApiServerOptions api;
   int64_t max_num_seqs = 64;
   int64_t max_num_batched_tokens = 2048;
@@ -160,7 +161,7 @@ int RunEngine(const ServeOptions& o, Communicator& comm, const std::function<voi
   if (comm.size() > 1) {
     const MoeExchange exchange =
         o.moe_exchange == "all-gather" ? MoeExchange::kAllGatherReduceScatter : MoeExchange::kAllToAll;
-    backend = std::make_unique<ExpertParallelBackend>(comm, *placement, exchange, WireFor(*dtype));
+    backend = std::make_unique<ExpertParallelBackend>(comm, *placement, exchange, WireFor(*dtype), o.moe_overlap);
     const std::vector<int32_t> mine = placement->experts_of(comm.rank());
     if (mine.empty()) {
       spdlog::info("engine rank {} of {}: shared experts, no routed experts ({})", comm.rank(), comm.size(),
@@ -505,6 +506,9 @@ CommandRunner AddServeCommand(CLI::App& app, std::vector<std::string> argv) {
   cmd->add_option("--connect-engine", o->connect_engine,
                   "run only API servers, for an engine started elsewhere with --engine-port: HOST:PORT of each "
                   "of its ranks, comma-separated, in rank order");
+  cmd->add_flag("--moe-overlap", o->moe_overlap,
+               "with several ranks, split each rank's MoE tokens into two micro-batches so that one's exchange "
+               "travels while the other's experts run");
   cmd->add_option("--shared-expert-ranks", o->shared_expert_ranks,
                   "ranks that run only the shared experts, for the tokens of the others (the CM384 layout); 0: "
                   "shared experts on every rank")

@@ -76,9 +76,10 @@ MoeLayout MoeDispatcher::Layout(MoeExchange exchange, const int32_t* expert_ids,
   return layout;
 }
 
-DispatchedTokens MoeDispatcher::Dispatch(const MoeLayout& layout, std::span<const RowPayload> payloads) {
+PendingDispatch MoeDispatcher::StartDispatch(const MoeLayout& layout, std::span<const RowPayload> payloads) {
   const int64_t k = layout.top_k;
-  DispatchedTokens out;
+  PendingDispatch pending;
+  DispatchedTokens& out = pending.out_;
   if (layout.exchange == MoeExchange::kAllGatherReduceScatter) {
     out.rows = Sum(layout.rank_tokens);
     for (const RowPayload& p : payloads) {
@@ -95,11 +96,11 @@ DispatchedTokens MoeDispatcher::Dispatch(const MoeLayout& layout, std::span<cons
         if (placement_.owner(*slot, home) != comm_.rank()) *slot = -1;
       }
     }
-    return out;
+    return pending;
   }
 
   // Each row to rank r carries only the slots r owns; the others travel as -1.
-  std::vector<int32_t> routing;
+  std::vector<int32_t>& routing = pending.routing_;
   routing.reserve(layout.send_token.size() * k);
   size_t row = 0;
   for (int r = 0; r < comm_.size(); ++r) {
@@ -109,50 +110,58 @@ DispatchedTokens MoeDispatcher::Dispatch(const MoeLayout& layout, std::span<cons
     }
   }
   out.rows = Sum(layout.recv_rows);
-  std::vector<std::vector<uint8_t>> send(payloads.size());
-  std::vector<std::unique_ptr<PendingCollective>> pending;
+  pending.send_.resize(payloads.size());
   for (size_t p = 0; p < payloads.size(); ++p) {
     const int64_t bytes = payloads[p].row_bytes;
-    send[p].resize(layout.send_token.size() * bytes);
+    std::vector<uint8_t>& send = pending.send_[p];
+    send.resize(layout.send_token.size() * bytes);
     for (size_t i = 0; i < layout.send_token.size(); ++i) {
-      std::memcpy(&send[p][i * bytes], payloads[p].data + layout.send_token[i] * bytes, bytes);
+      std::memcpy(&send[i * bytes], payloads[p].data + layout.send_token[i] * bytes, bytes);
     }
     out.payloads.emplace_back(out.rows * bytes);
-    pending.push_back(comm_.StartAllToAllV(send[p], Scaled(layout.send_rows, bytes), out.payloads.back(),
-                                           Scaled(layout.recv_rows, bytes)));
+    pending.pending_.push_back(comm_.StartAllToAllV(send, Scaled(layout.send_rows, bytes), out.payloads.back(),
+                                                    Scaled(layout.recv_rows, bytes)));
   }
   out.expert_ids.resize(out.rows * k);
   const int64_t routing_bytes = k * int64_t{sizeof(int32_t)};
-  pending.push_back(comm_.StartAllToAllV(Bytes(routing), Scaled(layout.send_rows, routing_bytes),
-                                         MutableBytes(out.expert_ids), Scaled(layout.recv_rows, routing_bytes)));
-  for (auto& p : pending) p->Wait();
-  return out;
+  pending.pending_.push_back(comm_.StartAllToAllV(Bytes(routing), Scaled(layout.send_rows, routing_bytes),
+                                                  MutableBytes(out.expert_ids), Scaled(layout.recv_rows, routing_bytes)));
+  return pending;
 }
 
-std::vector<float> MoeDispatcher::Combine(const MoeLayout& layout, const DispatchedTokens& dispatched,
-                                          const float* results, int64_t dim) {
+DispatchedTokens PendingDispatch::Wait() {
+  for (auto& p : pending_) p->Wait();
+  pending_.clear();
+  return std::move(out_);
+}
+
+PendingCombine MoeDispatcher::StartCombine(const MoeLayout& layout, const DispatchedTokens& dispatched,
+                                           const float* results, int64_t dim) {
   const int64_t k = layout.top_k;
-  std::vector<float> out(layout.tokens * k * dim, 0.0f);
+  PendingCombine pending;
+  pending.dispatcher_ = this;
+  pending.layout_ = &layout;
+  pending.dim_ = dim;
+  pending.out_.assign(layout.tokens * k * dim, 0.0f);
   if (layout.exchange == MoeExchange::kAllGatherReduceScatter) {
     // Each slot is non-zero on exactly one rank, so the sum adds zeros to it: exact in any order.
     std::vector<float> send(dispatched.rows * k * dim, 0.0f);
     for (int64_t s = 0; s < dispatched.rows * k; ++s) {
       if (dispatched.expert_ids[s] >= 0) std::copy_n(results + s * dim, dim, &send[s * dim]);
     }
-    comm_.ReduceScatterSum(send, out, Scaled(layout.rank_tokens, k * dim));
-    return out;
+    comm_.ReduceScatterSum(send, pending.out_, Scaled(layout.rank_tokens, k * dim));
+    return pending;
   }
 
   // Back along the way the rows came: to each source rank, its rows' owned slots in slot order.
   const int ranks = comm_.size();
   std::vector<int64_t> send_floats(ranks, 0), recv_floats(ranks, 0);
-  std::vector<float> send;
   int64_t row = 0;
   for (int r = 0; r < ranks; ++r) {
     for (int64_t i = 0; i < layout.recv_rows[r]; ++i, ++row) {
       for (int64_t j = 0; j < k; ++j) {
         if (dispatched.expert_ids[row * k + j] < 0) continue;
-        send.insert(send.end(), results + (row * k + j) * dim, results + (row * k + j + 1) * dim);
+        pending.send_.insert(pending.send_.end(), results + (row * k + j) * dim, results + (row * k + j + 1) * dim);
         send_floats[r] += dim;
       }
     }
@@ -164,23 +173,36 @@ std::vector<float> MoeDispatcher::Combine(const MoeLayout& layout, const Dispatc
       for (int64_t j = 0; j < k; ++j) recv_floats[r] += placement_.owner(slots[j], comm_.rank()) == r ? dim : 0;
     }
   }
-  std::vector<float> recv(Sum(recv_floats));
-  comm_.StartAllToAllV(Bytes(send), Scaled(send_floats, sizeof(float)), MutableBytes(recv),
-                       Scaled(recv_floats, sizeof(float)))
-      ->Wait();
-  const float* next = recv.data();
-  sent = 0;
-  for (int r = 0; r < ranks; ++r) {
+  pending.recv_.resize(Sum(recv_floats));
+  pending.pending_ = comm_.StartAllToAllV(Bytes(pending.send_), Scaled(send_floats, sizeof(float)),
+                                          MutableBytes(pending.recv_), Scaled(recv_floats, sizeof(float)));
+  return pending;
+}
+
+std::vector<float> PendingCombine::Wait() {
+  if (pending_) {
+    pending_->Wait();
+    pending_.reset();
+    dispatcher_->FinishCombine(*this);
+  }
+  return std::move(out_);
+}
+
+void MoeDispatcher::FinishCombine(PendingCombine& combine) const {
+  const MoeLayout& layout = *combine.layout_;
+  const int64_t k = layout.top_k, dim = combine.dim_;
+  const float* next = combine.recv_.data();
+  size_t sent = 0;
+  for (int r = 0; r < comm_.size(); ++r) {
     for (int64_t i = 0; i < layout.send_rows[r]; ++i, ++sent) {
       const int64_t t = layout.send_token[sent];
       for (int64_t j = 0; j < k; ++j) {
         if (placement_.owner(layout.expert_ids[t * k + j], comm_.rank()) != r) continue;
-        std::copy_n(next, dim, &out[(t * k + j) * dim]);
+        std::copy_n(next, dim, &combine.out_[(t * k + j) * dim]);
         next += dim;
       }
     }
   }
-  return out;
 }
 
 }  // namespace moe

@@ -9,6 +9,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -81,23 +82,66 @@ struct DispatchedTokens {
   std::vector<int32_t> expert_ids;             // rows * top_k
 };
 
+class MoeDispatcher;
+
+// A dispatch in flight; its buffers live here until Wait() returns the rows that arrived.
+class PendingDispatch {
+ public:
+  DispatchedTokens Wait();
+
+ private:
+  friend class MoeDispatcher;
+  DispatchedTokens out_;
+  std::vector<std::vector<uint8_t>> send_;
+  std::vector<int32_t> routing_;
+  std::vector<std::unique_ptr<PendingCollective>> pending_;
+};
+
+// A combine in flight; Wait() returns [layout.tokens, top_k, dim]: each local token's expert
+// outputs by slot. The layout must outlive it.
+class PendingCombine {
+ public:
+  std::vector<float> Wait();
+
+ private:
+  friend class MoeDispatcher;
+  const MoeDispatcher* dispatcher_ = nullptr;
+  const MoeLayout* layout_ = nullptr;
+  int64_t dim_ = 0;
+  std::vector<float> send_, recv_, out_;
+  std::unique_ptr<PendingCollective> pending_;
+};
+
 class MoeDispatcher {
  public:
   MoeDispatcher(Communicator& comm, const ExpertPlacement& placement) : comm_(comm), placement_(placement) {}
 
-  // Every rank calls each of these for every MoE layer, with tokens = 0 when it has none.
+  // Every rank calls each of these for every MoE layer, with tokens = 0 when it has none, and in
+  // the same order (several dispatches and combines may be in flight at once).
   MoeLayout Layout(MoeExchange exchange, const int32_t* expert_ids, int64_t tokens, int64_t top_k);
 
-  // Sends the tokens' payloads and routing, all started before any is waited for.
-  DispatchedTokens Dispatch(const MoeLayout& layout, std::span<const RowPayload> payloads);
+  // Sends the tokens' payloads and routing, all started before any is waited for. All-to-all
+  // returns while they travel; all-gather only once they arrived.
+  PendingDispatch StartDispatch(const MoeLayout& layout, std::span<const RowPayload> payloads);
+  DispatchedTokens Dispatch(const MoeLayout& layout, std::span<const RowPayload> payloads) {
+    return StartDispatch(layout, payloads).Wait();
+  }
 
   // `results` holds, for each dispatched row and slot, `dim` floats (read only where the slot's
-  // expert is this rank's). Returns [layout.tokens, top_k, dim]: each local token's expert outputs
-  // by slot.
+  // expert is this rank's); neither it nor `dispatched` is needed once this returns. All-to-all
+  // returns while the outputs travel; reduce-scatter only once they arrived.
+  PendingCombine StartCombine(const MoeLayout& layout, const DispatchedTokens& dispatched, const float* results,
+                              int64_t dim);
   std::vector<float> Combine(const MoeLayout& layout, const DispatchedTokens& dispatched, const float* results,
-                             int64_t dim);
+                             int64_t dim) {
+    return StartCombine(layout, dispatched, results, dim).Wait();
+  }
 
  private:
+  friend class PendingCombine;
+  // Places each arrived output at its token and slot.
+  void FinishCombine(PendingCombine& combine) const;
+
   Communicator& comm_;
   const ExpertPlacement& placement_;
 };

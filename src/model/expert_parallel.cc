@@ -69,6 +69,35 @@ class WireRows {
   std::vector<RowPayload> payloads_;
 };
 
+// Runs this rank's experts over the rows that arrived: each expert once over all rows that chose
+// it. Returns, per row and slot, `hidden` floats (set where the slot's expert is this rank's).
+std::vector<float> RunExperts(const ExpertPlacement& placement, const MoeWeights& moe, const WireRows& wire,
+                              const DispatchedTokens& got, int64_t slots) {
+  const int64_t hidden = moe.router.dim(1);
+  const bool remote_shared = placement.shared_expert_ranks() > 0;
+  const int64_t num_experts = placement.num_experts() + (remote_shared ? 1 : 0);
+  std::vector<std::vector<int64_t>> slots_of(num_experts);  // row * slots + slot
+  for (int64_t s = 0; s < got.rows * slots; ++s) {
+    if (got.expert_ids[s] >= 0) slots_of[got.expert_ids[s]].push_back(s);
+  }
+  std::vector<float> results(got.rows * slots * hidden);
+  std::vector<int64_t> rows;
+  std::vector<float> y;
+  for (int64_t e = 0; e < num_experts; ++e) {
+    if (slots_of[e].empty()) continue;
+    const bool shared = e == placement.num_experts();
+    MOE_CHECK(!shared || moe.shared, "shared-expert work reached a rank without the shared experts");
+    rows.clear();
+    for (int64_t s : slots_of[e]) rows.push_back(s / slots);
+    y.resize(rows.size() * hidden);
+    wire.RunExpert(shared ? *moe.shared : moe.experts[e], got, rows, y.data());
+    for (size_t i = 0; i < rows.size(); ++i) {
+      std::memcpy(&results[slots_of[e][i] * hidden], &y[i * hidden], hidden * sizeof(float));
+    }
+  }
+  return results;
+}
+
 }  // namespace
 
 ActivationWire WireFor(DType expert_dtype) {
@@ -81,7 +110,6 @@ ActivationWire WireFor(DType expert_dtype) {
 
 void ExpertParallelBackend::Run(const MoeWeights& moe, const float* x, int64_t tokens, const int32_t* expert_ids,
                                 const float* weights, int64_t top_k, float* out) {
-  using Clock = std::chrono::steady_clock;
   const int64_t hidden = moe.router.dim(1);
   // With shared-expert ranks, a token's shared experts are one more slot, of weight 1 and the
   // highest id: the last term of its sum, as on one rank.
@@ -100,49 +128,54 @@ void ExpertParallelBackend::Run(const MoeWeights& moe, const float* x, int64_t t
     }
   }
 
-  const auto start = Clock::now();
-  const MoeLayout layout = dispatcher_.Layout(exchange_, ids.data(), tokens, slots);
-  const WireRows wire(wire_, x, tokens, hidden);
-  const DispatchedTokens got = dispatcher_.Dispatch(layout, wire.payloads());
-  const auto dispatched = Clock::now();
-
-  // Each expert of this rank runs once over all the rows that chose it.
-  const int64_t num_experts = placement_.num_experts() + (remote_shared ? 1 : 0);
-  std::vector<std::vector<int64_t>> slots_of(num_experts);  // row * slots + slot
-  for (int64_t s = 0; s < got.rows * slots; ++s) {
-    if (got.expert_ids[s] >= 0) slots_of[got.expert_ids[s]].push_back(s);
+  // Every exchange call is timed: with overlap, waits are where the other micro-batch's
+  // exchange did not hide behind compute.
+  auto timed = [this](auto&& call) {
+    const auto start = std::chrono::steady_clock::now();
+    auto result = call();
+    exchange_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    return result;
+  };
+  // Two micro-batches when overlapping: the second's dispatch travels while the first's experts
+  // run, and the first's combine while the second's do. Each rank splits its own tokens.
+  struct MicroBatch {
+    int64_t begin, count;
+    MoeLayout layout;
+    WireRows wire;
+    PendingDispatch dispatch;
+    PendingCombine combine;
+  };
+  const int parts = overlap_ ? 2 : 1;
+  std::vector<MicroBatch> batches;
+  batches.reserve(parts);
+  for (int p = 0; p < parts; ++p) {
+    const int64_t begin = tokens * p / parts, count = tokens * (p + 1) / parts - begin;
+    MoeLayout layout = timed([&] { return dispatcher_.Layout(exchange_, &ids[begin * slots], count, slots); });
+    batches.push_back({begin, count, std::move(layout), WireRows(wire_, x + begin * hidden, count, hidden), {}, {}});
   }
-  std::vector<float> results(got.rows * slots * hidden);
-  std::vector<int64_t> rows;
-  std::vector<float> y;
-  for (int64_t e = 0; e < num_experts; ++e) {
-    if (slots_of[e].empty()) continue;
-    const bool shared = e == placement_.num_experts();
-    MOE_CHECK(!shared || moe.shared, "shared-expert work reached a rank without the shared experts");
-    rows.clear();
-    for (int64_t s : slots_of[e]) rows.push_back(s / slots);
-    y.resize(rows.size() * hidden);
-    wire.RunExpert(shared ? *moe.shared : moe.experts[e], got, rows, y.data());
-    for (size_t i = 0; i < rows.size(); ++i) {
-      std::memcpy(&results[slots_of[e][i] * hidden], &y[i * hidden], hidden * sizeof(float));
-    }
+  for (MicroBatch& b : batches) b.dispatch = timed([&] { return dispatcher_.StartDispatch(b.layout, b.wire.payloads()); });
+  for (MicroBatch& b : batches) {
+    const DispatchedTokens got = timed([&] { return b.dispatch.Wait(); });
+    const std::vector<float> results = RunExperts(placement_, moe, b.wire, got, slots);
+    b.combine = timed([&] { return dispatcher_.StartCombine(b.layout, got, results.data(), hidden); });
   }
-  const auto computed = Clock::now();
-  const std::vector<float> combined = dispatcher_.Combine(layout, got, results.data(), hidden);
-  exchange_seconds_ += std::chrono::duration<double>(dispatched - start + (Clock::now() - computed)).count();
 
   // The same sum, in the same order, as LocalExpertBackend: ascending expert id.
   std::fill(out, out + tokens * hidden, 0.0f);
   std::vector<int64_t> order(slots);
-  for (int64_t t = 0; t < tokens; ++t) {
-    const int32_t* token_ids = &ids[t * slots];
-    std::iota(order.begin(), order.end(), 0);
-    std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return token_ids[a] < token_ids[b]; });
-    float* dst = out + t * hidden;
-    for (int64_t j : order) {
-      const float w = slot_weights[t * slots + j];
-      const float* src = &combined[(t * slots + j) * hidden];
-      for (int64_t d = 0; d < hidden; ++d) dst[d] += w * src[d];
+  for (MicroBatch& b : batches) {
+    const std::vector<float> combined = timed([&] { return b.combine.Wait(); });
+    for (int64_t i = 0; i < b.count; ++i) {
+      const int64_t t = b.begin + i;
+      const int32_t* token_ids = &ids[t * slots];
+      std::iota(order.begin(), order.end(), 0);
+      std::sort(order.begin(), order.end(), [&](int64_t a, int64_t c) { return token_ids[a] < token_ids[c]; });
+      float* dst = out + t * hidden;
+      for (int64_t j : order) {
+        const float w = slot_weights[t * slots + j];
+        const float* src = &combined[(i * slots + j) * hidden];
+        for (int64_t d = 0; d < hidden; ++d) dst[d] += w * src[d];
+      }
     }
   }
   if (!remote_shared) AddSharedExperts(moe, x, tokens, out);

@@ -20,9 +20,15 @@ ActivationWire WireFor(DType expert_dtype);
 class ExpertParallelBackend final : public ExpertBackend {
  public:
   // Every rank of `comm` must call Run for every MoE layer, in the same order, with tokens = 0
-  // when it has none.
-  ExpertParallelBackend(Communicator& comm, ExpertPlacement placement, MoeExchange exchange, ActivationWire wire)
-      : placement_(std::move(placement)), dispatcher_(comm, placement_), exchange_(exchange), wire_(wire) {}
+  // when it has none, and with the same `overlap`: whether each rank splits its tokens into two
+  // micro-batches so that one's exchange can travel while the other's experts run.
+  ExpertParallelBackend(Communicator& comm, ExpertPlacement placement, MoeExchange exchange, ActivationWire wire,
+                        bool overlap = false)
+      : placement_(std::move(placement)),
+        dispatcher_(comm, placement_),
+        exchange_(exchange),
+        wire_(wire),
+        overlap_(overlap) {}
 
   void Run(const MoeWeights& moe, const float* x, int64_t tokens, const int32_t* expert_ids, const float* weights,
            int64_t top_k, float* out) override;
@@ -36,6 +42,7 @@ class ExpertParallelBackend final : public ExpertBackend {
   MoeDispatcher dispatcher_;
   MoeExchange exchange_;
   ActivationWire wire_;
+  bool overlap_;
   double exchange_seconds_ = 0;
 };
 

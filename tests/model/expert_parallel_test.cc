@@ -82,10 +82,11 @@ DType DTypeOf(ActivationWire wire) {
   }
 }
 
-class ExpertParallelTest : public testing::TestWithParam<std::tuple<ActivationWire, MoeExchange, bool>> {};
+// (wire, exchange, shared experts on a dedicated rank, two overlapped micro-batches)
+class ExpertParallelTest : public testing::TestWithParam<std::tuple<ActivationWire, MoeExchange, bool, bool>> {};
 
 TEST_P(ExpertParallelTest, GivesEveryTokenWhatOneProcessGives) {
-  const auto [wire, exchange, dedicated_shared_rank] = GetParam();
+  const auto [wire, exchange, dedicated_shared_rank, overlap] = GetParam();
   auto comm = MakeMpiCommunicator();
   // One rank cannot be both the routed-expert rank and a dedicated shared-expert rank: that layout
   // is checked by the runs with 2 and 3 ranks.
@@ -94,7 +95,7 @@ TEST_P(ExpertParallelTest, GivesEveryTokenWhatOneProcessGives) {
   ASSERT_TRUE(placement.ok()) << placement.status().message();
   const MoeWeights moe = RandomMoe(DTypeOf(wire));
   const Tokens tokens = RankTokens(comm->rank());
-  ExpertParallelBackend backend(*comm, *placement, exchange, wire);
+  ExpertParallelBackend backend(*comm, *placement, exchange, wire, overlap);
   std::vector<float> out(tokens.count * kHidden);
   backend.Run(moe, tokens.x.data(), tokens.count, tokens.ids.data(), tokens.weights.data(), kTopK, out.data());
   const std::vector<float> want = RunLocal(moe, tokens);
@@ -111,7 +112,7 @@ INSTANTIATE_TEST_SUITE_P(Layouts, ExpertParallelTest,
                          testing::Combine(testing::Values(ActivationWire::kInt8, ActivationWire::kBF16,
                                                           ActivationWire::kF32),
                                           testing::Values(MoeExchange::kAllToAll, MoeExchange::kAllGatherReduceScatter),
-                                          testing::Bool()));
+                                          testing::Bool(), testing::Bool()));
 
 int64_t WireRowBytes(ActivationWire wire) {
   switch (wire) {

@@ -2,7 +2,8 @@
 """Expert parallelism changes where experts run, not what the model computes: under w8a8, greedy
 outputs of 16 mixed requests are the same text on 1 rank and on 2 and 4 ranks (routed experts split
 over them, requests spread over their data-parallel caches), with either MoE exchange, and with the
-shared experts on every rank or on a dedicated one."""
+shared experts on every rank or on a dedicated one, and with the MoE exchange of two micro-batches
+overlapped or not."""
 
 import concurrent.futures
 import re
@@ -19,6 +20,9 @@ LAYOUTS = [
     ("2 ranks, shared experts on rank 1", ["--ranks", 2, "--shared-expert-ranks", 1]),
     ("4 ranks, shared experts on rank 3, all-gather",
      ["--ranks", 4, "--shared-expert-ranks", 1, "--moe-exchange", "all-gather"]),
+    ("2 ranks, all-to-all, overlapped micro-batches", ["--ranks", 2, "--moe-overlap"]),
+    ("4 ranks, shared experts on rank 3, overlapped micro-batches",
+     ["--ranks", 4, "--shared-expert-ranks", 1, "--moe-overlap"]),
 ]
 
 
