@@ -19,6 +19,19 @@ TEST(ThreadPoolTest, CoversEveryIndexExactlyOnce) {
   }
 }
 
+TEST(ThreadPoolTest, ANestedLoopRunsWholeOnItsThread) {
+  ThreadPool pool(2);
+  std::vector<std::atomic<int>> hits(2 * 100);
+  pool.ParallelFor(2, [&](int64_t outer_begin, int64_t outer_end) {
+    for (int64_t o = outer_begin; o < outer_end; ++o) {
+      pool.ParallelFor(100, [&](int64_t begin, int64_t end) {
+        for (int64_t i = begin; i < end; ++i) hits[o * 100 + i]++;
+      });
+    }
+  });
+  for (size_t i = 0; i < hits.size(); ++i) EXPECT_EQ(hits[i].load(), 1) << i;
+}
+
 TEST(ThreadPoolTest, RunsManyRoundsInARow) {
   ThreadPool pool(3);
   std::atomic<int64_t> sum = 0;
