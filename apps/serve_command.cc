@@ -50,7 +50,7 @@ struct ServeOptions {
   int ranks = 1;
   std::string moe_exchange = "all-to-all";
   int shared_expert_ranks = 0;
-  bool moe_overlap = false;
+  bool two_batch_overlap = false;
   ApiServerOptions api;
   int64_t max_num_seqs = 64;
   int64_t max_num_batched_tokens = 2048;
@@ -161,7 +161,8 @@ int RunEngine(const ServeOptions& o, Communicator& comm, const std::function<voi
   if (comm.size() > 1) {
     const MoeExchange exchange =
         o.moe_exchange == "all-gather" ? MoeExchange::kAllGatherReduceScatter : MoeExchange::kAllToAll;
-    backend = std::make_unique<ExpertParallelBackend>(comm, *placement, exchange, WireFor(*dtype), o.moe_overlap);
+    backend = std::make_unique<ExpertParallelBackend>(comm, *placement, exchange, WireFor(*dtype),
+                                                      o.two_batch_overlap ? 2 : 1);
     const std::vector<int32_t> mine = placement->experts_of(comm.rank());
     if (mine.empty()) {
       spdlog::info("engine rank {} of {}: shared experts, no routed experts ({})", comm.rank(), comm.size(),
@@ -181,10 +182,6 @@ int RunEngine(const ServeOptions& o, Communicator& comm, const std::function<voi
   spdlog::info("engine rank {} of {}: KV cache holds {} tokens", comm.rank(), comm.size(), engine.kv_capacity_tokens());
   EngineCoreOptions core;
   core.endpoints = BindEndpoints(o, comm.rank());
-  if (o.engine_port != 0) {
-    spdlog::info("engine rank {} of {}: API servers connect to {} (requests) and {} (outputs)", comm.rank(),
-                 comm.size(), core.endpoints.requests, core.endpoints.outputs);
-  }
   core.info = {ServedModelName(o), (*model)->config().max_position_embeddings,
                static_cast<int32_t>((*model)->config().vocab_size), engine.kv_capacity_tokens()};
   core.max_waiting = o.max_waiting;
@@ -506,9 +503,9 @@ CommandRunner AddServeCommand(CLI::App& app, std::vector<std::string> argv) {
   cmd->add_option("--connect-engine", o->connect_engine,
                   "run only API servers, for an engine started elsewhere with --engine-port: HOST:PORT of each "
                   "of its ranks, comma-separated, in rank order");
-  cmd->add_flag("--moe-overlap", o->moe_overlap,
-               "with several ranks, split each rank's MoE tokens into two micro-batches so that one's exchange "
-               "travels while the other's experts run");
+  cmd->add_flag("--two-batch-overlap", o->two_batch_overlap,
+               "with several ranks, run each step as two micro-batches so that one's expert exchange travels "
+               "while the other's attention and experts compute");
   cmd->add_option("--shared-expert-ranks", o->shared_expert_ranks,
                   "ranks that run only the shared experts, for the tokens of the others (the CM384 layout); 0: "
                   "shared experts on every rank")

@@ -6,7 +6,7 @@
 
 Starts `moe-serve serve` (w8a8) once per layout: one rank with R threads, then R ranks of one
 thread each with the all-to-all exchange, with all-gather + reduce-scatter, and with all-to-all
-over two overlapped micro-batches. For each
+with two-batch overlap. For each
 concurrency C it runs `moe-serve bench-serve` (128-token random prompts, 2C requests, streaming)
 and reads /metrics before and after: the communication share of a rank is its time in MoE
 exchanges (moe:moe_exchange_seconds_total, waiting for the other ranks included) over its time in
@@ -69,8 +69,8 @@ def main():
     layouts = [(f"1 rank x {r} threads", 1, r, []),
                (f"{r} ranks x 1 thread, all-to-all", r, 1, ["--moe-exchange", "all-to-all"]),
                (f"{r} ranks x 1 thread, all-gather", r, 1, ["--moe-exchange", "all-gather"]),
-               (f"{r} ranks x 1 thread, all-to-all, overlapped micro-batches", r, 1,
-                ["--moe-exchange", "all-to-all", "--moe-overlap"])]
+               (f"{r} ranks x 1 thread, all-to-all, two-batch overlap", r, 1,
+                ["--moe-exchange", "all-to-all", "--two-batch-overlap"])]
     print("| layout | concurrency | output tok/s | mean TPOT ms | failed | MoE exchange share of step time, per rank |")
     print("|---|---|---|---|---|---|")
     for name, ranks, threads, extra in layouts:

@@ -135,33 +135,30 @@ DispatchedTokens PendingDispatch::Wait() {
   return std::move(out_);
 }
 
-PendingCombine MoeDispatcher::StartCombine(const MoeLayout& layout, const DispatchedTokens& dispatched,
-                                           const float* results, int64_t dim) {
+std::vector<float> MoeDispatcher::Combine(const MoeLayout& layout, const DispatchedTokens& dispatched,
+                                          const float* results, int64_t dim) {
   const int64_t k = layout.top_k;
-  PendingCombine pending;
-  pending.dispatcher_ = this;
-  pending.layout_ = &layout;
-  pending.dim_ = dim;
-  pending.out_.assign(layout.tokens * k * dim, 0.0f);
+  std::vector<float> out(layout.tokens * k * dim, 0.0f);
   if (layout.exchange == MoeExchange::kAllGatherReduceScatter) {
     // Each slot is non-zero on exactly one rank, so the sum adds zeros to it: exact in any order.
     std::vector<float> send(dispatched.rows * k * dim, 0.0f);
     for (int64_t s = 0; s < dispatched.rows * k; ++s) {
       if (dispatched.expert_ids[s] >= 0) std::copy_n(results + s * dim, dim, &send[s * dim]);
     }
-    comm_.ReduceScatterSum(send, pending.out_, Scaled(layout.rank_tokens, k * dim));
-    return pending;
+    comm_.ReduceScatterSum(send, out, Scaled(layout.rank_tokens, k * dim));
+    return out;
   }
 
   // Back along the way the rows came: to each source rank, its rows' owned slots in slot order.
   const int ranks = comm_.size();
   std::vector<int64_t> send_floats(ranks, 0), recv_floats(ranks, 0);
+  std::vector<float> send;
   int64_t row = 0;
   for (int r = 0; r < ranks; ++r) {
     for (int64_t i = 0; i < layout.recv_rows[r]; ++i, ++row) {
       for (int64_t j = 0; j < k; ++j) {
         if (dispatched.expert_ids[row * k + j] < 0) continue;
-        pending.send_.insert(pending.send_.end(), results + (row * k + j) * dim, results + (row * k + j + 1) * dim);
+        send.insert(send.end(), results + (row * k + j) * dim, results + (row * k + j + 1) * dim);
         send_floats[r] += dim;
       }
     }
@@ -173,36 +170,23 @@ PendingCombine MoeDispatcher::StartCombine(const MoeLayout& layout, const Dispat
       for (int64_t j = 0; j < k; ++j) recv_floats[r] += placement_.owner(slots[j], comm_.rank()) == r ? dim : 0;
     }
   }
-  pending.recv_.resize(Sum(recv_floats));
-  pending.pending_ = comm_.StartAllToAllV(Bytes(pending.send_), Scaled(send_floats, sizeof(float)),
-                                          MutableBytes(pending.recv_), Scaled(recv_floats, sizeof(float)));
-  return pending;
-}
-
-std::vector<float> PendingCombine::Wait() {
-  if (pending_) {
-    pending_->Wait();
-    pending_.reset();
-    dispatcher_->FinishCombine(*this);
-  }
-  return std::move(out_);
-}
-
-void MoeDispatcher::FinishCombine(PendingCombine& combine) const {
-  const MoeLayout& layout = *combine.layout_;
-  const int64_t k = layout.top_k, dim = combine.dim_;
-  const float* next = combine.recv_.data();
-  size_t sent = 0;
-  for (int r = 0; r < comm_.size(); ++r) {
+  std::vector<float> recv(Sum(recv_floats));
+  comm_.StartAllToAllV(Bytes(send), Scaled(send_floats, sizeof(float)), MutableBytes(recv),
+                       Scaled(recv_floats, sizeof(float)))
+      ->Wait();
+  const float* next = recv.data();
+  sent = 0;
+  for (int r = 0; r < ranks; ++r) {
     for (int64_t i = 0; i < layout.send_rows[r]; ++i, ++sent) {
       const int64_t t = layout.send_token[sent];
       for (int64_t j = 0; j < k; ++j) {
         if (placement_.owner(layout.expert_ids[t * k + j], comm_.rank()) != r) continue;
-        std::copy_n(next, dim, &combine.out_[(t * k + j) * dim]);
+        std::copy_n(next, dim, &out[(t * k + j) * dim]);
         next += dim;
       }
     }
   }
+  return out;
 }
 
 }  // namespace moe

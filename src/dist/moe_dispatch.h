@@ -82,8 +82,6 @@ struct DispatchedTokens {
   std::vector<int32_t> expert_ids;             // rows * top_k
 };
 
-class MoeDispatcher;
-
 // A dispatch in flight; its buffers live here until Wait() returns the rows that arrived.
 class PendingDispatch {
  public:
@@ -97,27 +95,12 @@ class PendingDispatch {
   std::vector<std::unique_ptr<PendingCollective>> pending_;
 };
 
-// A combine in flight; Wait() returns [layout.tokens, top_k, dim]: each local token's expert
-// outputs by slot. The layout must outlive it.
-class PendingCombine {
- public:
-  std::vector<float> Wait();
-
- private:
-  friend class MoeDispatcher;
-  const MoeDispatcher* dispatcher_ = nullptr;
-  const MoeLayout* layout_ = nullptr;
-  int64_t dim_ = 0;
-  std::vector<float> send_, recv_, out_;
-  std::unique_ptr<PendingCollective> pending_;
-};
-
 class MoeDispatcher {
  public:
   MoeDispatcher(Communicator& comm, const ExpertPlacement& placement) : comm_(comm), placement_(placement) {}
 
   // Every rank calls each of these for every MoE layer, with tokens = 0 when it has none, and in
-  // the same order (several dispatches and combines may be in flight at once).
+  // the same order (several dispatches may be in flight at once).
   MoeLayout Layout(MoeExchange exchange, const int32_t* expert_ids, int64_t tokens, int64_t top_k);
 
   // Sends the tokens' payloads and routing, all started before any is waited for. All-to-all
@@ -128,20 +111,12 @@ class MoeDispatcher {
   }
 
   // `results` holds, for each dispatched row and slot, `dim` floats (read only where the slot's
-  // expert is this rank's); neither it nor `dispatched` is needed once this returns. All-to-all
-  // returns while the outputs travel; reduce-scatter only once they arrived.
-  PendingCombine StartCombine(const MoeLayout& layout, const DispatchedTokens& dispatched, const float* results,
-                              int64_t dim);
+  // expert is this rank's). Returns [layout.tokens, top_k, dim]: each local token's expert outputs
+  // by slot.
   std::vector<float> Combine(const MoeLayout& layout, const DispatchedTokens& dispatched, const float* results,
-                             int64_t dim) {
-    return StartCombine(layout, dispatched, results, dim).Wait();
-  }
+                             int64_t dim);
 
  private:
-  friend class PendingCombine;
-  // Places each arrived output at its token and slot.
-  void FinishCombine(PendingCombine& combine) const;
-
   Communicator& comm_;
   const ExpertPlacement& placement_;
 };

@@ -2,8 +2,9 @@
 
 namespace moe {
 
-void ExpertLoadCounter::Run(const MoeWeights& moe, const float* x, int64_t tokens, const int32_t* expert_ids,
-                            const float* weights, int64_t top_k, float* out) {
+std::unique_ptr<PendingExperts> ExpertLoadCounter::Start(const MoeWeights& moe, const float* x, int64_t tokens,
+                                                         const int32_t* expert_ids, const float* weights,
+                                                         int64_t top_k) {
   {
     std::lock_guard lock(mutex_);
     auto [it, added] = slot_of_.try_emplace(&moe, loads_.size());
@@ -14,7 +15,7 @@ void ExpertLoadCounter::Run(const MoeWeights& moe, const float* x, int64_t token
     std::vector<int64_t>& counts = loads_[it->second].tokens_per_expert;
     for (int64_t i = 0; i < tokens * top_k; ++i) ++counts[expert_ids[i]];
   }
-  inner_.Run(moe, x, tokens, expert_ids, weights, top_k, out);
+  return inner_.Start(moe, x, tokens, expert_ids, weights, top_k);
 }
 
 std::vector<ExpertLoadCounter::LayerLoad> ExpertLoadCounter::Snapshot() const {

@@ -19,8 +19,9 @@ class ExpertLoadCounter final : public ExpertBackend {
   // which is layer order (the MTP layer, run after the main model, comes last).
   ExpertLoadCounter(ExpertBackend& inner, int64_t first_moe_layer) : inner_(inner), first_moe_layer_(first_moe_layer) {}
 
-  void Run(const MoeWeights& moe, const float* x, int64_t tokens, const int32_t* expert_ids, const float* weights,
-           int64_t top_k, float* out) override;
+  std::unique_ptr<PendingExperts> Start(const MoeWeights& moe, const float* x, int64_t tokens,
+                                        const int32_t* expert_ids, const float* weights, int64_t top_k) override;
+  int micro_batches() const override { return inner_.micro_batches(); }
 
   double exchange_seconds() const override { return inner_.exchange_seconds(); }
 

@@ -38,24 +38,37 @@ Tensor DeepseekV3Model::Embed(const Tensor& table, std::span<const int32_t> toke
   return h;
 }
 
-void DeepseekV3Model::Block(const LayerWeights& layer, Tensor& h, std::span<const MlaSequence> sequences,
+void DeepseekV3Model::Block(const LayerWeights& layer, Tensor& h, std::span<const MicroBatch> batches,
                             LayerKvCache& cache, int64_t block_size, ExpertBackend& experts) const {
-  const int64_t tokens = h.dim(0), hidden = config_.hidden_size, n = tokens * hidden;
+  const int64_t hidden = config_.hidden_size, n = h.dim(0) * hidden;
   const float eps = static_cast<float>(config_.rms_norm_eps);
   std::vector<float> normed(n), delta(n);
   float* x = h.data<float>();
+  auto add_delta = [&](const MicroBatch& b) {
+    for (int64_t i = b.row_begin * hidden; i < (b.row_begin + b.rows) * hidden; ++i) x[i] += delta[i];
+  };
 
-  kernels::RmsNorm(x, layer.input_norm.data<float>(), tokens, hidden, eps, normed.data());
-  MlaForward(layer.attention, config_, rope_, normed.data(), sequences, cache, block_size, delta.data());
-  for (int64_t i = 0; i < n; ++i) x[i] += delta[i];
-
-  kernels::RmsNorm(x, layer.post_attention_norm.data<float>(), tokens, hidden, eps, normed.data());
-  if (layer.moe) {
-    MoeForward(*layer.moe, config_, experts, normed.data(), tokens, delta.data());
-  } else {
-    MlpForward(*layer.dense, normed.data(), tokens, delta.data());
+  std::vector<std::unique_ptr<PendingExperts>> pending;
+  for (const MicroBatch& b : batches) {
+    const int64_t offset = b.row_begin * hidden;
+    if (b.rows > 0) {
+      kernels::RmsNorm(x + offset, layer.input_norm.data<float>(), b.rows, hidden, eps, normed.data() + offset);
+      MlaForward(layer.attention, config_, rope_, normed.data() + offset, b.sequences, cache, block_size, delta.data() + offset);
+      add_delta(b);
+      kernels::RmsNorm(x + offset, layer.post_attention_norm.data<float>(), b.rows, hidden, eps, normed.data() + offset);
+    }
+    if (layer.moe) {
+      // Every micro-batch, even an empty one, takes part in the experts' exchanges.
+      pending.push_back(StartMoe(*layer.moe, config_, experts, normed.data() + offset, b.rows));
+    } else {
+      MlpForward(*layer.dense, normed.data() + offset, b.rows, delta.data() + offset);
+      add_delta(b);
+    }
   }
-  for (int64_t i = 0; i < n; ++i) x[i] += delta[i];
+  for (size_t i = 0; i < pending.size(); ++i) {
+    pending[i]->Finish(delta.data() + batches[i].row_begin * hidden);
+    add_delta(batches[i]);
+  }
 }
 
 PagedKvCache DeepseekV3Model::NewPagedCache(int64_t num_blocks, int64_t block_size) const {
@@ -92,11 +105,29 @@ Tensor DeepseekV3Model::Forward(std::span<const int32_t> tokens, SequenceKvCache
   return h;
 }
 
+std::vector<DeepseekV3Model::MicroBatch> DeepseekV3Model::SplitMicroBatches(std::span<const MlaSequence> sequences,
+                                                                            int count) {
+  int64_t total = 0;
+  for (const MlaSequence& s : sequences) total += s.tokens;
+  std::vector<MicroBatch> out(count);
+  size_t next = 0;
+  int64_t rows = 0;
+  for (int p = 0; p < count; ++p) {
+    const size_t first = next;
+    out[p].row_begin = rows;
+    while (next < sequences.size() && (p == count - 1 || rows < total * (p + 1) / count)) rows += sequences[next++].tokens;
+    out[p].rows = rows - out[p].row_begin;
+    out[p].sequences = sequences.subspan(first, next - first);
+  }
+  return out;
+}
+
 Tensor DeepseekV3Model::Run(std::span<const int32_t> tokens, std::span<const MlaSequence> sequences,
                             PagedKvCache& cache, ExpertBackend& experts) const {
   Tensor h = Embed(weights_.embed, tokens);
+  const std::vector<MicroBatch> batches = SplitMicroBatches(sequences, experts.micro_batches());
   for (size_t i = 0; i < weights_.layers.size(); ++i) {
-    Block(weights_.layers[i], h, sequences, cache.layers[i], cache.block_size, experts);
+    Block(weights_.layers[i], h, batches, cache.layers[i], cache.block_size, experts);
   }
   kernels::RmsNorm(h.data<float>(), weights_.final_norm.data<float>(), h.dim(0), config_.hidden_size,
                    static_cast<float>(config_.rms_norm_eps), h.data<float>());
@@ -104,8 +135,14 @@ Tensor DeepseekV3Model::Run(std::span<const int32_t> tokens, std::span<const Mla
 }
 
 void DeepseekV3Model::RunEmptyBatch(ExpertBackend& experts) const {
+  // The same exchanges, in the same order, as Block's: every micro-batch starts, then finishes.
   for (const LayerWeights& layer : weights_.layers) {
-    if (layer.moe) experts.Run(*layer.moe, nullptr, 0, nullptr, nullptr, config_.num_experts_per_tok, nullptr);
+    if (!layer.moe) continue;
+    std::vector<std::unique_ptr<PendingExperts>> pending;
+    for (int i = 0; i < experts.micro_batches(); ++i) {
+      pending.push_back(experts.Start(*layer.moe, nullptr, 0, nullptr, nullptr, config_.num_experts_per_tok));
+    }
+    for (auto& p : pending) p->Finish(nullptr);
   }
 }
 
@@ -137,7 +174,8 @@ Tensor DeepseekV3Model::MtpLogits(const float* main_hidden, std::span<const int3
   kernels::Matmul(joined.data(), tokens, mtp.eh_proj.view(), h.data<float>());
 
   const MlaSequence sequence{tokens, mtp_cache.length, SequenceKvCache::kBlockTable, form};
-  Block(mtp.block, h, std::span(&sequence, 1), mtp_cache.layers[0], mtp_cache.block_size, experts);
+  const MicroBatch whole{0, tokens, std::span(&sequence, 1)};
+  Block(mtp.block, h, std::span(&whole, 1), mtp_cache.layers[0], mtp_cache.block_size, experts);
   mtp_cache.length += tokens;
   kernels::RmsNorm(h.data<float>(), mtp.head_norm.data<float>(), tokens, hidden, eps, h.data<float>());
   Tensor logits = Tensor::F32({tokens, config_.vocab_size});

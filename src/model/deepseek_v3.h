@@ -73,8 +73,17 @@ class DeepseekV3Model {
   // Embedding, decoder layers and final norm over a batch of sequences.
   Tensor Run(std::span<const int32_t> tokens, std::span<const MlaSequence> sequences, PagedKvCache& cache,
              ExpertBackend& experts) const;
-  // One decoder layer in place on h: [tokens, hidden].
-  void Block(const LayerWeights& layer, Tensor& h, std::span<const MlaSequence> sequences, LayerKvCache& cache,
+  // Rows of whole sequences, run through each layer's attention together.
+  struct MicroBatch {
+    int64_t row_begin = 0, rows = 0;
+    std::span<const MlaSequence> sequences;
+  };
+  // The sequences in `count` micro-batches of about equal tokens (some may be empty).
+  static std::vector<MicroBatch> SplitMicroBatches(std::span<const MlaSequence> sequences, int count);
+  // One decoder layer in place on h: [tokens, hidden]. Each micro-batch runs its attention and
+  // starts its experts before any micro-batch's experts finish, so that with experts on other
+  // ranks one's exchange travels while the next one computes.
+  void Block(const LayerWeights& layer, Tensor& h, std::span<const MicroBatch> batches, LayerKvCache& cache,
              int64_t block_size, ExpertBackend& experts) const;
   Tensor Embed(const Tensor& table, std::span<const int32_t> tokens) const;
 

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <numeric>
 
 #include "base/check.h"
@@ -108,77 +109,85 @@ ActivationWire WireFor(DType expert_dtype) {
   }
 }
 
-void ExpertParallelBackend::Run(const MoeWeights& moe, const float* x, int64_t tokens, const int32_t* expert_ids,
-                                const float* weights, int64_t top_k, float* out) {
-  const int64_t hidden = moe.router.dim(1);
-  // With shared-expert ranks, a token's shared experts are one more slot, of weight 1 and the
-  // highest id: the last term of its sum, as on one rank.
-  const bool remote_shared = placement_.shared_expert_ranks() > 0;
-  const int64_t slots = top_k + (remote_shared ? 1 : 0);
-  std::vector<int32_t> ids;
-  std::vector<float> slot_weights;
-  ids.reserve(tokens * slots);
-  slot_weights.reserve(tokens * slots);
-  for (int64_t t = 0; t < tokens; ++t) {
-    ids.insert(ids.end(), expert_ids + t * top_k, expert_ids + (t + 1) * top_k);
-    slot_weights.insert(slot_weights.end(), weights + t * top_k, weights + (t + 1) * top_k);
-    if (remote_shared) {
-      ids.push_back(placement_.shared_expert_id());
-      slot_weights.push_back(1.0f);
-    }
-  }
-
-  // Every exchange call is timed: with overlap, waits are where the other micro-batch's
-  // exchange did not hide behind compute.
-  auto timed = [this](auto&& call) {
-    const auto start = std::chrono::steady_clock::now();
-    auto result = call();
-    exchange_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-    return result;
-  };
-  // Two micro-batches when overlapping: the second's dispatch travels while the first's experts
-  // run, and the first's combine while the second's do. Each rank splits its own tokens.
-  struct MicroBatch {
-    int64_t begin, count;
-    MoeLayout layout;
-    WireRows wire;
-    PendingDispatch dispatch;
-    PendingCombine combine;
-  };
-  const int parts = overlap_ ? 2 : 1;
-  std::vector<MicroBatch> batches;
-  batches.reserve(parts);
-  for (int p = 0; p < parts; ++p) {
-    const int64_t begin = tokens * p / parts, count = tokens * (p + 1) / parts - begin;
-    MoeLayout layout = timed([&] { return dispatcher_.Layout(exchange_, &ids[begin * slots], count, slots); });
-    batches.push_back({begin, count, std::move(layout), WireRows(wire_, x + begin * hidden, count, hidden), {}, {}});
-  }
-  for (MicroBatch& b : batches) b.dispatch = timed([&] { return dispatcher_.StartDispatch(b.layout, b.wire.payloads()); });
-  for (MicroBatch& b : batches) {
-    const DispatchedTokens got = timed([&] { return b.dispatch.Wait(); });
-    const std::vector<float> results = RunExperts(placement_, moe, b.wire, got, slots);
-    b.combine = timed([&] { return dispatcher_.StartCombine(b.layout, got, results.data(), hidden); });
-  }
-
-  // The same sum, in the same order, as LocalExpertBackend: ascending expert id.
-  std::fill(out, out + tokens * hidden, 0.0f);
-  std::vector<int64_t> order(slots);
-  for (MicroBatch& b : batches) {
-    const std::vector<float> combined = timed([&] { return b.combine.Wait(); });
-    for (int64_t i = 0; i < b.count; ++i) {
-      const int64_t t = b.begin + i;
-      const int32_t* token_ids = &ids[t * slots];
-      std::iota(order.begin(), order.end(), 0);
-      std::sort(order.begin(), order.end(), [&](int64_t a, int64_t c) { return token_ids[a] < token_ids[c]; });
-      float* dst = out + t * hidden;
-      for (int64_t j : order) {
-        const float w = slot_weights[t * slots + j];
-        const float* src = &combined[(i * slots + j) * hidden];
-        for (int64_t d = 0; d < hidden; ++d) dst[d] += w * src[d];
+// One MoE layer's tokens on their way: dispatched at Start, run and combined at Finish.
+class ExpertParallelBackend::Pending final : public PendingExperts {
+ public:
+  Pending(ExpertParallelBackend& backend, const MoeWeights& moe, const float* x, int64_t tokens,
+          const int32_t* expert_ids, const float* weights, int64_t top_k)
+      : backend_(backend),
+        moe_(moe),
+        x_(x),
+        tokens_(tokens),
+        hidden_(moe.router.dim(1)),
+        remote_shared_(backend.placement_.shared_expert_ranks() > 0),
+        slots_(top_k + (remote_shared_ ? 1 : 0)),
+        wire_(backend.wire_, x, tokens, hidden_) {
+    // With shared-expert ranks, a token's shared experts are one more slot, of weight 1 and the
+    // highest id: the last term of its sum, as on one rank.
+    ids_.reserve(tokens * slots_);
+    slot_weights_.reserve(tokens * slots_);
+    for (int64_t t = 0; t < tokens; ++t) {
+      ids_.insert(ids_.end(), expert_ids + t * top_k, expert_ids + (t + 1) * top_k);
+      slot_weights_.insert(slot_weights_.end(), weights + t * top_k, weights + (t + 1) * top_k);
+      if (remote_shared_) {
+        ids_.push_back(backend.placement_.shared_expert_id());
+        slot_weights_.push_back(1.0f);
       }
     }
+    Timed([&] {
+      layout_ = backend_.dispatcher_.Layout(backend_.exchange_, ids_.data(), tokens, slots_);
+      dispatch_ = backend_.dispatcher_.StartDispatch(layout_, wire_.payloads());
+    });
   }
-  if (!remote_shared) AddSharedExperts(moe, x, tokens, out);
+
+  void Finish(float* out) override {
+    DispatchedTokens got;
+    Timed([&] { got = dispatch_.Wait(); });
+    const std::vector<float> results = RunExperts(backend_.placement_, moe_, wire_, got, slots_);
+    std::vector<float> combined;
+    Timed([&] { combined = backend_.dispatcher_.Combine(layout_, got, results.data(), hidden_); });
+
+    // The same sum, in the same order, as LocalExpertBackend: ascending expert id.
+    std::fill(out, out + tokens_ * hidden_, 0.0f);
+    std::vector<int64_t> order(slots_);
+    for (int64_t t = 0; t < tokens_; ++t) {
+      const int32_t* token_ids = &ids_[t * slots_];
+      std::iota(order.begin(), order.end(), 0);
+      std::sort(order.begin(), order.end(), [&](int64_t a, int64_t b) { return token_ids[a] < token_ids[b]; });
+      float* dst = out + t * hidden_;
+      for (int64_t j : order) {
+        const float w = slot_weights_[t * slots_ + j];
+        const float* src = &combined[(t * slots_ + j) * hidden_];
+        for (int64_t d = 0; d < hidden_; ++d) dst[d] += w * src[d];
+      }
+    }
+    if (!remote_shared_) AddSharedExperts(moe_, x_, tokens_, out);
+  }
+
+ private:
+  void Timed(const std::function<void()>& exchange) {
+    const auto start = std::chrono::steady_clock::now();
+    exchange();
+    backend_.exchange_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  }
+
+  ExpertParallelBackend& backend_;
+  const MoeWeights& moe_;
+  const float* x_;
+  const int64_t tokens_, hidden_;
+  const bool remote_shared_;
+  const int64_t slots_;
+  std::vector<int32_t> ids_;
+  std::vector<float> slot_weights_;
+  const WireRows wire_;
+  MoeLayout layout_;
+  PendingDispatch dispatch_;
+};
+
+std::unique_ptr<PendingExperts> ExpertParallelBackend::Start(const MoeWeights& moe, const float* x, int64_t tokens,
+                                                             const int32_t* expert_ids, const float* weights,
+                                                             int64_t top_k) {
+  return std::make_unique<Pending>(*this, moe, x, tokens, expert_ids, weights, top_k);
 }
 
 }  // namespace moe

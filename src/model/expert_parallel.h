@@ -19,30 +19,33 @@ ActivationWire WireFor(DType expert_dtype);
 
 class ExpertParallelBackend final : public ExpertBackend {
  public:
-  // Every rank of `comm` must call Run for every MoE layer, in the same order, with tokens = 0
-  // when it has none, and with the same `overlap`: whether each rank splits its tokens into two
-  // micro-batches so that one's exchange can travel while the other's experts run.
+  // Every rank of `comm` must start and finish experts for every MoE layer, in the same order,
+  // with tokens = 0 when it has none. `micro_batches` (1 or 2) is what micro_batches() tells the
+  // model: 2 overlaps one micro-batch's exchange with the other's attention and experts.
   ExpertParallelBackend(Communicator& comm, ExpertPlacement placement, MoeExchange exchange, ActivationWire wire,
-                        bool overlap = false)
+                        int micro_batches = 1)
       : placement_(std::move(placement)),
         dispatcher_(comm, placement_),
         exchange_(exchange),
         wire_(wire),
-        overlap_(overlap) {}
+        micro_batches_(micro_batches) {}
 
-  void Run(const MoeWeights& moe, const float* x, int64_t tokens, const int32_t* expert_ids, const float* weights,
-           int64_t top_k, float* out) override;
+  std::unique_ptr<PendingExperts> Start(const MoeWeights& moe, const float* x, int64_t tokens,
+                                        const int32_t* expert_ids, const float* weights, int64_t top_k) override;
+  int micro_batches() const override { return micro_batches_; }
 
   const ExpertPlacement& placement() const { return placement_; }
   // Layouts, dispatches and combines, waiting for other ranks included.
   double exchange_seconds() const override { return exchange_seconds_; }
 
  private:
+  class Pending;
+
   ExpertPlacement placement_;
   MoeDispatcher dispatcher_;
   MoeExchange exchange_;
   ActivationWire wire_;
-  bool overlap_;
+  int micro_batches_;
   double exchange_seconds_ = 0;
 };
 

@@ -81,29 +81,53 @@ void Route(const ModelConfig& c, const float* logits, const float* score_bias, i
   }
 }
 
-void LocalExpertBackend::Run(const MoeWeights& moe, const float* x, int64_t tokens,
-                             const int32_t* expert_ids, const float* weights, int64_t top_k, float* out) {
-  const int64_t hidden = moe.router.dim(1);
-  std::fill(out, out + tokens * hidden, 0.0f);
-  std::vector<std::vector<std::pair<int64_t, float>>> assigned(moe.experts.size());  // (token, weight)
-  for (int64_t t = 0; t < tokens; ++t) {
-    for (int64_t j = 0; j < top_k; ++j) assigned[expert_ids[t * top_k + j]].push_back({t, weights[t * top_k + j]});
-  }
-  std::vector<float> rows, results;
-  for (size_t e = 0; e < moe.experts.size(); ++e) {
-    const auto& batch = assigned[e];
-    if (batch.empty()) continue;
-    const int64_t m = static_cast<int64_t>(batch.size());
-    rows.resize(m * hidden);
-    results.resize(m * hidden);
-    for (int64_t i = 0; i < m; ++i) std::memcpy(&rows[i * hidden], x + batch[i].first * hidden, hidden * sizeof(float));
-    MlpForward(moe.experts[e], rows.data(), m, results.data());
-    for (int64_t i = 0; i < m; ++i) {
-      float* dst = out + batch[i].first * hidden;
-      for (int64_t d = 0; d < hidden; ++d) dst[d] += batch[i].second * results[i * hidden + d];
+namespace {
+
+class LocalPending final : public PendingExperts {
+ public:
+  LocalPending(const MoeWeights& moe, const float* x, int64_t tokens, const int32_t* expert_ids, const float* weights,
+               int64_t top_k)
+      : moe_(moe), x_(x), tokens_(tokens), assigned_(moe.experts.size()) {
+    for (int64_t t = 0; t < tokens; ++t) {
+      for (int64_t j = 0; j < top_k; ++j) assigned_[expert_ids[t * top_k + j]].push_back({t, weights[t * top_k + j]});
     }
   }
-  AddSharedExperts(moe, x, tokens, out);
+
+  void Finish(float* out) override {
+    const int64_t hidden = moe_.router.dim(1);
+    std::fill(out, out + tokens_ * hidden, 0.0f);
+    std::vector<float> rows, results;
+    for (size_t e = 0; e < moe_.experts.size(); ++e) {
+      const auto& batch = assigned_[e];
+      if (batch.empty()) continue;
+      const int64_t m = static_cast<int64_t>(batch.size());
+      rows.resize(m * hidden);
+      results.resize(m * hidden);
+      for (int64_t i = 0; i < m; ++i) {
+        std::memcpy(&rows[i * hidden], x_ + batch[i].first * hidden, hidden * sizeof(float));
+      }
+      MlpForward(moe_.experts[e], rows.data(), m, results.data());
+      for (int64_t i = 0; i < m; ++i) {
+        float* dst = out + batch[i].first * hidden;
+        for (int64_t d = 0; d < hidden; ++d) dst[d] += batch[i].second * results[i * hidden + d];
+      }
+    }
+    AddSharedExperts(moe_, x_, tokens_, out);
+  }
+
+ private:
+  const MoeWeights& moe_;
+  const float* x_;
+  int64_t tokens_;
+  std::vector<std::vector<std::pair<int64_t, float>>> assigned_;  // per expert: (token, weight)
+};
+
+}  // namespace
+
+std::unique_ptr<PendingExperts> LocalExpertBackend::Start(const MoeWeights& moe, const float* x, int64_t tokens,
+                                                          const int32_t* expert_ids, const float* weights,
+                                                          int64_t top_k) {
+  return std::make_unique<LocalPending>(moe, x, tokens, expert_ids, weights, top_k);
 }
 
 void AddSharedExperts(const MoeWeights& w, const float* x, int64_t tokens, float* out) {
@@ -114,8 +138,8 @@ void AddSharedExperts(const MoeWeights& w, const float* x, int64_t tokens, float
   for (int64_t i = 0; i < tokens * hidden; ++i) out[i] += shared[i];
 }
 
-void MoeForward(const MoeWeights& w, const ModelConfig& c, ExpertBackend& experts, const float* x,
-                int64_t tokens, float* out) {
+std::unique_ptr<PendingExperts> StartMoe(const MoeWeights& w, const ModelConfig& c, ExpertBackend& experts,
+                                         const float* x, int64_t tokens) {
   const int64_t k = c.num_experts_per_tok;
   std::vector<float> logits(tokens * c.n_routed_experts);
   // F32, in an order that does not depend on the batch: a token's experts must not either.
@@ -124,7 +148,7 @@ void MoeForward(const MoeWeights& w, const ModelConfig& c, ExpertBackend& expert
   std::vector<float> weights(tokens * k);
   Route(c, logits.data(), w.score_bias.empty() ? nullptr : w.score_bias.data<float>(), tokens, ids.data(),
         weights.data());
-  experts.Run(w, x, tokens, ids.data(), weights.data(), k, out);
+  return experts.Start(w, x, tokens, ids.data(), weights.data(), k);
 }
 
 }  // namespace moe

@@ -43,6 +43,8 @@ class EngineCore {
       return Status::Error("engine core: cannot bind its sockets " + options_.endpoints.requests + " and " +
                            options_.endpoints.outputs + ": " + e.what());
     }
+    spdlog::info("engine rank {} of {}: listening on {} (requests) and {} (outputs)", comm_.rank(), comm_.size(),
+                 options_.endpoints.requests, options_.endpoints.outputs);
     auto last_heartbeat = Clock::now();
     // An idle rank of several listens this long between asking the others whether any has work.
     const auto idle_wait = comm_.size() > 1 ? kLockstepIdleWait : kHeartbeat;

@@ -2,8 +2,7 @@
 """Expert parallelism changes where experts run, not what the model computes: under w8a8, greedy
 outputs of 16 mixed requests are the same text on 1 rank and on 2 and 4 ranks (routed experts split
 over them, requests spread over their data-parallel caches), with either MoE exchange, and with the
-shared experts on every rank or on a dedicated one, and with the MoE exchange of two micro-batches
-overlapped or not."""
+shared experts on every rank or on a dedicated one, and with two-batch overlap on or off."""
 
 import concurrent.futures
 import re
@@ -20,9 +19,9 @@ LAYOUTS = [
     ("2 ranks, shared experts on rank 1", ["--ranks", 2, "--shared-expert-ranks", 1]),
     ("4 ranks, shared experts on rank 3, all-gather",
      ["--ranks", 4, "--shared-expert-ranks", 1, "--moe-exchange", "all-gather"]),
-    ("2 ranks, all-to-all, overlapped micro-batches", ["--ranks", 2, "--moe-overlap"]),
-    ("4 ranks, shared experts on rank 3, overlapped micro-batches",
-     ["--ranks", 4, "--shared-expert-ranks", 1, "--moe-overlap"]),
+    ("2 ranks, all-to-all, two-batch overlap", ["--ranks", 2, "--two-batch-overlap"]),
+    ("4 ranks, shared experts on rank 3, two-batch overlap",
+     ["--ranks", 4, "--shared-expert-ranks", 1, "--two-batch-overlap"]),
 ]
 
 

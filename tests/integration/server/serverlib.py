@@ -36,6 +36,27 @@ def free_port():
         return s.getsockname()[1]
 
 
+def free_ports(count):
+    """The first of `count` consecutive ports that are all free now, below the kernel's ephemeral
+    range (where outgoing connections of parallel tests would take ports from under us)."""
+    import random
+    for _ in range(1000):
+        base = random.randrange(20000, 30000 - count)
+        sockets = []
+        try:
+            for port in range(base, base + count):
+                s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+                sockets.append(s)
+                s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in sockets:
+                s.close()
+    raise TestFailure(f"no {count} consecutive free ports in 20000-30000")
+
+
 # ---- /proc ----
 
 def proc_children(pid):

@@ -30,7 +30,7 @@ def engine_only(binary, engine_port, *extra):
 
 
 def wait_listening(engine, ranks):
-    sl.wait_until(lambda: engine.log_text().count("API servers connect to") == ranks
+    sl.wait_until(lambda: engine.log_text().count("listening on tcp://") == ranks
                   or engine.proc.poll() is not None, sl.STARTUP_TIMEOUT_S, what="the engine's TCP sockets")
     check(engine.proc.poll() is None, f"the engine exited:\n{engine.log_text()[-3000:]}")
 
@@ -43,7 +43,7 @@ def reference_texts(binary):
 def case_remote_engine(binary, reference):
     """One rank over TCP gives the IPC answers; once the engine stops, the API server says 503,
     until an engine is back."""
-    port = sl.free_port()
+    port = sl.free_ports(2)
     with engine_only(binary, port) as engine:
         wait_listening(engine, 1)
         with sl.Server(binary, "--connect-engine", f"127.0.0.1:{port}", "--engine-timeout", 3) as api:
@@ -62,9 +62,7 @@ def case_remote_engine(binary, reference):
 
 def case_two_ranks(binary, reference):
     """Two ranks, each on its own pair of ports, both listed by the API servers."""
-    port = sl.free_port()
-    while sl.free_port() == port + 2:  # the ranks take port .. port + 3; take a fresh one on a clash
-        port = sl.free_port()
+    port = sl.free_ports(4)
     with engine_only(binary, port, "--ranks", 2) as engine:
         wait_listening(engine, 2)
         addresses = f"127.0.0.1:{port},127.0.0.1:{port + 2}"
