@@ -11,6 +11,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <charconv>
 #include <cstdlib>
@@ -330,6 +331,12 @@ class Supervisor {
     std::vector<std::string> args = {"mpirun", "-np", std::to_string(options_.ranks)};
     if (geteuid() == 0) args.push_back("--allow-run-as-root");
     args.push_back("--oversubscribe");  // ranks are processes here, not cores
+    // Ranks share this machine's cores: each gets its share of threads unless the user chose.
+    const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+    const std::string threads = std::to_string(std::max(1u, cores / static_cast<unsigned>(options_.ranks)));
+    for (const char* name : {"OMP_NUM_THREADS", "MOE_NUM_THREADS"}) {
+      args.insert(args.end(), {"-x", std::string(name) + "=" + (std::getenv(name) ? std::getenv(name) : threads)});
+    }
     const std::vector<std::string> engine = WithRole(argv_, "engine", ipc_dir_);
     args.push_back(std::filesystem::read_symlink("/proc/self/exe").string());
     args.insert(args.end(), engine.begin() + 1, engine.end());

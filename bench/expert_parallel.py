@@ -64,13 +64,17 @@ def main():
     ap.add_argument("--ranks", type=int, default=2)
     ap.add_argument("--concurrency", default="16,32")
     ap.add_argument("--output-len", type=int, default=64)
+    ap.add_argument("--layouts", default="one-rank,all-to-all,all-gather,overlap",
+                    help="which layouts, in this order")
+    ap.add_argument("--rounds", type=int, default=1, help="repeat the layouts this many times, alternating")
     args = ap.parse_args()
     r = args.ranks
-    layouts = [(f"1 rank x {r} threads", 1, r, []),
-               (f"{r} ranks x 1 thread, all-to-all", r, 1, ["--moe-exchange", "all-to-all"]),
-               (f"{r} ranks x 1 thread, all-gather", r, 1, ["--moe-exchange", "all-gather"]),
-               (f"{r} ranks x 1 thread, all-to-all, two-batch overlap", r, 1,
-                ["--moe-exchange", "all-to-all", "--two-batch-overlap"])]
+    known = {"one-rank": (f"1 rank x {r} threads", 1, r, []),
+             "all-to-all": (f"{r} ranks x 1 thread, all-to-all", r, 1, ["--moe-exchange", "all-to-all"]),
+             "all-gather": (f"{r} ranks x 1 thread, all-gather", r, 1, ["--moe-exchange", "all-gather"]),
+             "overlap": (f"{r} ranks x 1 thread, all-to-all, two-batch overlap", r, 1,
+                         ["--moe-exchange", "all-to-all", "--two-batch-overlap"])}
+    layouts = [known[name] for name in args.layouts.split(",")] * args.rounds
     print("| layout | concurrency | output tok/s | mean TPOT ms | failed | MoE exchange share of step time, per rank |")
     print("|---|---|---|---|---|---|")
     for name, ranks, threads, extra in layouts:

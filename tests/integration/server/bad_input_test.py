@@ -32,11 +32,11 @@ def comp(**fields):
 DROP = object()  # a field to leave out
 
 
-def raw_post(port, path, payload, headers=None):
+def raw_post(port, path, payload, headers=None, timeout=60):
     """POST of raw bytes (or an object as JSON) with explicit headers."""
     if not isinstance(payload, (bytes, str)):
         payload = json.dumps(payload)
-    return sl.request(port, "POST", path, payload, headers if headers is not None else JSON)
+    return sl.request(port, "POST", path, payload, headers if headers is not None else JSON, timeout=timeout)
 
 
 def post_huge_body(port, size):
@@ -266,7 +266,7 @@ def run_queue_full(binary):
 
         def one(i, max_tokens=300):
             body = comp(prompt=f"Request {i}: tell me a story", max_tokens=max_tokens, ignore_eos=True)
-            r = raw_post(port, COMP, body)
+            r = raw_post(port, COMP, body, timeout=600)  # a hang guard: a loaded CI machine is slow
             with lock:
                 results.append((max_tokens, r))
 
