@@ -148,7 +148,9 @@ int RunEngine(const ServeOptions& o, Communicator& comm, const std::function<voi
   if ((comm.size() > 1 || o.shared_expert_ranks > 0) && !placement.ok()) return finish(Fail(placement.status()));
   ExpertSelection own_experts;
   if (comm.size() > 1) {
-    own_experts.routed = [&](int64_t e) { return placement->owner(static_cast<int32_t>(e), comm.rank()) == comm.rank(); };
+    own_experts.routed = [&](int64_t e) {
+      return placement->owner(static_cast<int32_t>(e), comm.rank()) == comm.rank();
+    };
     own_experts.shared = o.shared_expert_ranks == 0 || placement->runs_shared_experts(comm.rank());
   }
   auto model = DeepseekV3Model::Load(o.model, *dtype, own_experts);

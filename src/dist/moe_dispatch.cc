@@ -125,7 +125,8 @@ PendingDispatch MoeDispatcher::StartDispatch(const MoeLayout& layout, std::span<
   out.expert_ids.resize(out.rows * k);
   const int64_t routing_bytes = k * int64_t{sizeof(int32_t)};
   pending.pending_.push_back(comm_.StartAllToAllV(Bytes(routing), Scaled(layout.send_rows, routing_bytes),
-                                                  MutableBytes(out.expert_ids), Scaled(layout.recv_rows, routing_bytes)));
+                                                  MutableBytes(out.expert_ids),
+                                                  Scaled(layout.recv_rows, routing_bytes)));
   return pending;
 }
 

@@ -53,9 +53,11 @@ void DeepseekV3Model::Block(const LayerWeights& layer, Tensor& h, std::span<cons
     const int64_t offset = b.row_begin * hidden;
     if (b.rows > 0) {
       kernels::RmsNorm(x + offset, layer.input_norm.data<float>(), b.rows, hidden, eps, normed.data() + offset);
-      MlaForward(layer.attention, config_, rope_, normed.data() + offset, b.sequences, cache, block_size, delta.data() + offset);
+      MlaForward(layer.attention, config_, rope_, normed.data() + offset, b.sequences, cache, block_size,
+                 delta.data() + offset);
       add_delta(b);
-      kernels::RmsNorm(x + offset, layer.post_attention_norm.data<float>(), b.rows, hidden, eps, normed.data() + offset);
+      kernels::RmsNorm(x + offset, layer.post_attention_norm.data<float>(), b.rows, hidden, eps,
+                       normed.data() + offset);
     }
     if (layer.moe) {
       // Every micro-batch, even an empty one, takes part in the experts' exchanges.
@@ -115,7 +117,9 @@ std::vector<DeepseekV3Model::MicroBatch> DeepseekV3Model::SplitMicroBatches(std:
   for (int p = 0; p < count; ++p) {
     const size_t first = next;
     out[p].row_begin = rows;
-    while (next < sequences.size() && (p == count - 1 || rows < total * (p + 1) / count)) rows += sequences[next++].tokens;
+    while (next < sequences.size() && (p == count - 1 || rows < total * (p + 1) / count)) {
+      rows += sequences[next++].tokens;
+    }
     out[p].rows = rows - out[p].row_begin;
     out[p].sequences = sequences.subspan(first, next - first);
   }

@@ -43,7 +43,9 @@ class WireRows {
     const auto m = static_cast<int64_t>(rows.size());
     const int64_t row_bytes = payloads_[0].row_bytes;
     std::vector<uint8_t> gathered(m * row_bytes);
-    for (int64_t i = 0; i < m; ++i) std::memcpy(&gathered[i * row_bytes], &got.payloads[0][rows[i] * row_bytes], row_bytes);
+    for (int64_t i = 0; i < m; ++i) {
+      std::memcpy(&gathered[i * row_bytes], &got.payloads[0][rows[i] * row_bytes], row_bytes);
+    }
     if (wire_ == ActivationWire::kInt8) {
       std::vector<float> scales(m);
       for (int64_t i = 0; i < m; ++i) std::memcpy(&scales[i], &got.payloads[1][rows[i] * sizeof(float)], sizeof(float));
