@@ -13,6 +13,9 @@ struct CpuFeatures {
   bool avx512vnni = false;
   bool avx512bf16 = false;
   bool avxvnni = false;
+  // AMX tiles with BF16 dot products, and the kernel's leave to use them (Linux grants the tile
+  // state per process on request; detection asks).
+  bool amx_bf16 = false;
 
   std::string ToString() const;
 };

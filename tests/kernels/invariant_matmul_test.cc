@@ -1,7 +1,8 @@
 // BatchInvariantMatmul: close to kernels/ref like Matmul, and a row's result the same bits whatever
-// the other rows are -- how many, where the row sits, which thread split -- in both summation
-// orders, on the AVX-512 and generic loops alike, which also agree with each other to the bit
-// (so the generic loops state each order, and VDPBF16PS is checked against its definition).
+// the other rows are -- how many, where the row sits, which thread split -- in every summation
+// order, on the native (AVX-512, AMX) and generic loops alike, which also agree with each other to
+// the bit (so the generic loops state each order, and VDPBF16PS and TDPBF16PS are checked against
+// their definitions).
 #include <cmath>
 #include <cstring>
 #include <sstream>
@@ -20,25 +21,25 @@
 namespace moe::kernels {
 namespace {
 
-// The variants this CPU runs: each order on the generic loops, and on the AVX-512 ones where the
+// The variants this CPU runs: each order on the generic loops, and on the native ones where the
 // CPU has what that order needs.
 struct Variant {
-  bool avx512;
+  bool native;
   cpu::SumOrder order;
 };
 
 std::vector<Variant> Variants() {
   std::vector<Variant> variants;
-  for (cpu::SumOrder order : {cpu::SumOrder::kLanes, cpu::SumOrder::kBf16Pairs}) {
+  for (cpu::SumOrder order : {cpu::SumOrder::kLanes, cpu::SumOrder::kBf16Pairs, cpu::SumOrder::kAmxTiles}) {
     variants.push_back({false, order});
-    const bool needs_bf16 = order == cpu::SumOrder::kBf16Pairs;
-    if (GetCpuFeatures().avx512f && (!needs_bf16 || GetCpuFeatures().avx512bf16)) variants.push_back({true, order});
+    if (cpu::HasNativeLoops(order)) variants.push_back({true, order});
   }
   return variants;
 }
 
 std::string Name(const Variant& v) {
-  return std::string(v.avx512 ? "avx512" : "generic") + (v.order == cpu::SumOrder::kLanes ? " lanes" : " bf16 pairs");
+  const char* order = v.order == cpu::SumOrder::kLanes ? " lanes" : v.order == cpu::SumOrder::kBf16Pairs ? " bf16 pairs" : " amx tiles";
+  return std::string(v.native ? "native" : "generic") + order;
 }
 
 // A weight [n, k] in `dtype` (F32 or BF16) and the storage behind it.
@@ -64,7 +65,7 @@ TEST_P(InvariantMatmulTest, MatchesReference) {
   ref::Matmul(x.data(), m, w.view, want.data());
   for (const Variant& v : Variants()) {
     std::vector<float> y(m * n);
-    cpu::BatchInvariantMatmul(v.avx512, v.order, x.data(), m, w.view, y.data());
+    cpu::BatchInvariantMatmul(v.native, v.order, x.data(), m, w.view, y.data());
     // As Matmul's tests: BF16 rounds the activations in both, so only the order of the sums differs.
     const float tolerance = dtype == DType::kF32 ? 1e-4f : 1e-3f;
     for (int64_t i = 0; i < m * n; ++i) {
@@ -85,14 +86,14 @@ TEST_P(InvariantMatmulTest, RowsDoNotDependOnTheBatch) {
     // Each row alone, then windows [first, first + count) of the rows as one batch.
     std::vector<float> alone(rows * n);
     for (int64_t r = 0; r < rows; ++r) {
-      cpu::BatchInvariantMatmul(v.avx512, v.order, x.data() + r * k, 1, w.view, alone.data() + r * n);
+      cpu::BatchInvariantMatmul(v.native, v.order, x.data() + r * k, 1, w.view, alone.data() + r * n);
     }
     EXPECT_TRUE(SameBits(alone.data(), generic.data(), rows * n)) << Name(v) << " vs generic";
     for (int64_t first : {int64_t{0}, int64_t{1}, int64_t{5}}) {
       for (int64_t count : {int64_t{1}, int64_t{2}, int64_t{3}, int64_t{7}, int64_t{8}, m, rows - first}) {
         if (count < 1 || first + count > rows) continue;
         std::vector<float> y(count * n);
-        cpu::BatchInvariantMatmul(v.avx512, v.order, x.data() + first * k, count, w.view, y.data());
+        cpu::BatchInvariantMatmul(v.native, v.order, x.data() + first * k, count, w.view, y.data());
         EXPECT_TRUE(SameBits(y.data(), alone.data() + first * n, count * n))
             << Name(v) << ": rows " << first << ".." << first + count;
       }
@@ -108,7 +109,7 @@ TEST_P(InvariantMatmulTest, RowsDoNotDependOnTheBatch) {
 INSTANTIATE_TEST_SUITE_P(Shapes, InvariantMatmulTest,
                          testing::Combine(testing::Values(int64_t{1}, int64_t{7}, int64_t{33}),
                                           testing::Values(int64_t{1}, int64_t{16}, int64_t{129}, int64_t{256}),
-                                          testing::Values(int64_t{1}, int64_t{5}, int64_t{64}),
+                                          testing::Values(int64_t{1}, int64_t{5}, int64_t{37}, int64_t{64}),
                                           testing::Values(DType::kF32, DType::kBF16)),
                          [](const auto& info) {
                            std::ostringstream name;

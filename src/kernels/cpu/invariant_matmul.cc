@@ -15,6 +15,13 @@
 //   the products of 2l + 1 and then 2l, each added by a fused multiply-add with denormals flushed
 //   -- what one VDPBF16PS does (Intel's definition; the tests check the instruction against it),
 //   with twice the products per instruction of F32 FMAs, which is what oneDNN's BF16 GEMM uses.
+// - kAmxTiles (BF16 weights on CPUs with AMX-BF16): no lanes; from each 32 values of k, the even
+//   and the odd products are summed apart, each in increasing k from 0, added together, and that
+//   added to the running sum -- what one TDPBF16PS does per output (Intel's definition, flushing
+//   denormals as VDPBF16PS does; the tests check the instruction against it). The weight rows are
+//   the tiles' A operand, read in place with their row stride, and x^T the B operand, so 16 x 16
+//   outputs take one instruction of 16 x 16 x 32 products: the lm_head at 32 rows is bound by
+//   reading its weight, not by arithmetic as with VDPBF16PS.
 // The AVX-512 loops keep each lane-sum vector in a register over the whole of k, for tiles of up
 // to 6 x 4 outputs; the generic loops spell each order out lane by lane. Threads split the weight
 // rows in tiles of 4, and each output is computed whole by one tile, so neither the tiling nor m
@@ -24,7 +31,10 @@
 // Cost, measured against oneDNN on one core of the bench machine: BF16 lm_head at 1 and 32 rows
 // about the same (4096 x 256: 0.05 ms and ~0.4 ms; 32768 x 7168: ~25 ms and ~90 ms), 1.8x slower
 // at 256 rows, a size the engine never asks for (it takes logits of sampled rows only); the F32
-// router about the same up to 32 rows, 2x slower at 256 (V3's 256 x 7168: 14 ms vs 7 ms).
+// router about the same up to 32 rows, 2x slower at 256 (V3's 256 x 7168: 14 ms vs 7 ms). With
+// AMX tiles (bench lm_head 129280 x 2048, 2 threads): 21 / 22 / 28 / 38 ms at 1 / 8 / 32 / 64
+// rows against 21 / 35 / 107 / 208 ms for VDPBF16PS: at 1 row both read the weight at the
+// bandwidth limit; from 8 rows VDPBF16PS is bound by its arithmetic, the tiles still by reading.
 #include "kernels/cpu/invariant_matmul.h"
 
 #include <algorithm>
@@ -86,29 +96,47 @@ void GenericRows(const Operands<W>& o, int64_t j_begin, int64_t j_end, float* y)
 // Denormals to zero, keeping the sign: AVX512_BF16's dot product does so to its inputs and results.
 inline float FlushDenormal(float v) { return std::fpclassify(v) == FP_SUBNORMAL ? std::copysign(0.0f, v) : v; }
 
-// The BF16-pairs order (SumOrder::kBf16Pairs) of x rows in BF16, padded with zeros to `stride` (a
-// multiple of 32), against BF16 weight rows: lane l of 16 takes, from each 32 values, the products
-// of index 2l + 1 and then 2l, each added by a fused multiply-add rounded and flushed as
-// VDPBF16PS does; then the lanes' pairwise sum.
-void GenericPairRows(const bf16* x, int64_t m, int64_t stride, const bf16* w, int64_t n, int64_t k,
-                     int64_t j_begin, int64_t j_end, float* y) {
+// sum + x[i] * w[i] (w zero past k) by a fused multiply-add, inputs and result flushed: one step of
+// the BF16 dot-product instructions.
+inline float AddBf16Product(float sum, const bf16* x, const bf16* w, int64_t i, int64_t k) {
+  const float a = FlushDenormal(Bf16ToF32(x[i]));
+  const float b = i < k ? FlushDenormal(Bf16ToF32(w[i])) : 0.0f;
+  return FlushDenormal(std::fma(a, b, sum));
+}
+
+// Generic loops over x rows in BF16, padded with zeros to `stride` (a multiple of 32), and BF16
+// weight rows [j_begin, j_end) of k values: y[r, j] = dot(x row, weight row, stride, k).
+template <typename Dot>
+void GenericBf16Rows(const bf16* x, int64_t m, int64_t stride, const bf16* w, int64_t n, int64_t k, int64_t j_begin,
+                     int64_t j_end, float* y, Dot dot) {
   for (int64_t j = j_begin; j < j_end; ++j) {
-    const bf16* wj = w + j * k;
-    for (int64_t r = 0; r < m; ++r) {
-      const bf16* xr = x + r * stride;
-      float lanes[kLanes] = {};
-      for (int64_t base = 0; base < stride; base += 2 * kLanes) {
-        for (int64_t l = 0; l < kLanes; ++l) {
-          for (int64_t i : {base + 2 * l + 1, base + 2 * l}) {
-            const float a = FlushDenormal(Bf16ToF32(xr[i]));
-            const float b = i < k ? FlushDenormal(Bf16ToF32(wj[i])) : 0.0f;
-            lanes[l] = FlushDenormal(std::fma(a, b, lanes[l]));
-          }
-        }
-      }
-      y[r * n + j] = ReduceLanes(lanes);
+    for (int64_t r = 0; r < m; ++r) y[r * n + j] = dot(x + r * stride, w + j * k, stride, k);
+  }
+}
+
+// The BF16-pairs order (SumOrder::kBf16Pairs): lane l of 16 takes, from each 32 values, the
+// products of index 2l + 1 and then 2l, each added by a fused multiply-add rounded and flushed as
+// VDPBF16PS does; then the lanes' pairwise sum.
+float PairsDot(const bf16* x, const bf16* w, int64_t stride, int64_t k) {
+  float lanes[kLanes] = {};
+  for (int64_t base = 0; base < stride; base += 2 * kLanes) {
+    for (int64_t l = 0; l < kLanes; ++l) {
+      for (int64_t i : {base + 2 * l + 1, base + 2 * l}) lanes[l] = AddBf16Product(lanes[l], x, w, i, k);
     }
   }
+  return ReduceLanes(lanes);
+}
+
+// The AMX-tiles order (SumOrder::kAmxTiles): per 32 values of k, the even and the odd products
+// summed apart in increasing k, flushed as TDPBF16PS does, then their sum added to the running sum.
+float AmxDot(const bf16* x, const bf16* w, int64_t stride, int64_t k) {
+  float sum = 0.0f;
+  for (int64_t base = 0; base < stride; base += 2 * kLanes) {
+    float halves[2] = {0.0f, 0.0f};
+    for (int64_t i = base; i < base + 2 * kLanes; ++i) halves[i % 2] = AddBf16Product(halves[i % 2], x, w, i, k);
+    sum = FlushDenormal(sum + FlushDenormal(halves[0] + halves[1]));
+  }
+  return sum;
 }
 
 #if defined(__x86_64__)
@@ -321,6 +349,113 @@ MOE_AVX512_BF16 void Avx512PairRows(const bf16* x, int64_t m, int64_t stride, co
   }
 }
 
+
+#define MOE_AMX __attribute__((target("amx-tile,amx-bf16")))
+
+// The AMX loops work on groups of 32 weight rows (two A tiles of 16 rows x 32 BF16 values) and
+// blocks of 16 x rows (one B tile per 32 values of k: x^T with its values in pairs, as TDPBF16PS
+// takes B). Tiles 0-3 accumulate [weight rows 0-15 | 16-31] x [x block 0 | 1]; 4 and 5 hold the
+// weight, 6 and 7 the x blocks.
+constexpr int64_t kAmxRows = 16, kAmxGroup = 2 * kAmxRows, kAmxK = 2 * kLanes;
+constexpr int64_t kAmxTileValues = kAmxRows * kAmxK;  // BF16 values in one A or B tile
+
+// LDTILECFG's 64-byte operand: palette 1, every tile 16 rows of 64 bytes.
+struct alignas(64) TileConfig {
+  uint8_t palette = 1;
+  uint8_t start_row = 0;
+  uint8_t reserved[14] = {};
+  uint16_t bytes_per_row[16] = {64, 64, 64, 64, 64, 64, 64, 64};
+  uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
+};
+
+// x rows as B tiles: block b of 16 rows, k-step s at xt + (b * steps + s) * kAmxTileValues, row p
+// holding, for each x row c of the block, its values 32 s + 2p and 32 s + 2p + 1; zeros past m
+// and k.
+std::vector<bf16> AmxB(const float* x, int64_t m, int64_t k, int64_t steps) {
+  const int64_t blocks = (m + kAmxRows - 1) / kAmxRows;
+  std::vector<bf16> xt(blocks * steps * kAmxTileValues, bf16{});
+  for (int64_t r = 0; r < m; ++r) {
+    bf16* block = xt.data() + r / kAmxRows * steps * kAmxTileValues + r % kAmxRows * 2;
+    for (int64_t i = 0; i < k; ++i) {
+      block[i / kAmxK * kAmxTileValues + i % kAmxK / 2 * kAmxK + i % 2] = F32ToBf16(x[r * k + i]);
+    }
+  }
+  return xt;
+}
+
+// Outputs of one group of 32 weight rows (w, rows `w_stride` values apart, `steps` x 32 values
+// each) against kBlocks x blocks (xt, one after the other): out[t] for tile t as above, rows the
+// weight rows and columns the x rows.
+template <int kBlocks>
+MOE_AMX void AmxGroup(const bf16* w, int64_t w_stride, const bf16* xt, int64_t steps, float (*out)[kAmxRows][kAmxRows]) {
+  _tile_zero(0);
+  _tile_zero(1);
+  if constexpr (kBlocks == 2) {
+    _tile_zero(2);
+    _tile_zero(3);
+  }
+  const int64_t w_bytes = w_stride * static_cast<int64_t>(sizeof(bf16));
+  for (int64_t s = 0; s < steps; ++s) {
+    _tile_loadd(4, w + s * kAmxK, w_bytes);
+    _tile_loadd(5, w + kAmxRows * w_stride + s * kAmxK, w_bytes);
+    _tile_loadd(6, xt + s * kAmxTileValues, kAmxK * sizeof(bf16));
+    _tile_dpbf16ps(0, 4, 6);
+    _tile_dpbf16ps(1, 5, 6);
+    if constexpr (kBlocks == 2) {
+      _tile_loadd(7, xt + (steps + s) * kAmxTileValues, kAmxK * sizeof(bf16));
+      _tile_dpbf16ps(2, 4, 7);
+      _tile_dpbf16ps(3, 5, 7);
+    }
+  }
+  constexpr int kStride = kAmxRows * sizeof(float);
+  _tile_stored(0, out[0], kStride);
+  _tile_stored(1, out[1], kStride);
+  if constexpr (kBlocks == 2) {
+    _tile_stored(2, out[2], kStride);
+    _tile_stored(3, out[3], kStride);
+  }
+}
+
+// Weight-row groups [g_begin, g_end) against every x row. A group that runs past n, or a weight
+// whose k is not a multiple of 32, is first copied zero-padded: a tile reads whole rows of 32.
+MOE_AMX void AmxGroups(const std::vector<bf16>& xt, int64_t m, const bf16* w, int64_t n, int64_t k, int64_t steps,
+                       int64_t g_begin, int64_t g_end, float* y) {
+  const TileConfig config;
+  _tile_loadconfig(&config);
+  const int64_t blocks = (m + kAmxRows - 1) / kAmxRows, padded_k = steps * kAmxK;
+  std::vector<bf16> padded;
+  alignas(64) float out[4][kAmxRows][kAmxRows];
+  for (int64_t g = g_begin; g < g_end; ++g) {
+    const int64_t j0 = g * kAmxGroup, rows = std::min(kAmxGroup, n - j0);
+    const bf16* wg = w + j0 * k;
+    int64_t w_stride = k;
+    if (rows < kAmxGroup || k != padded_k) {
+      padded.assign(kAmxGroup * padded_k, bf16{});
+      for (int64_t c = 0; c < rows; ++c) std::copy(wg + c * k, wg + (c + 1) * k, padded.data() + c * padded_k);
+      wg = padded.data();
+      w_stride = padded_k;
+    }
+    for (int64_t b = 0; b < blocks; b += 2) {
+      const int64_t pair = std::min<int64_t>(2, blocks - b);
+      const bf16* xb = xt.data() + b * steps * kAmxTileValues;
+      if (pair == 2) {
+        AmxGroup<2>(wg, w_stride, xb, steps, out);
+      } else {
+        AmxGroup<1>(wg, w_stride, xb, steps, out);
+      }
+      for (int64_t t = 0; t < 2 * pair; ++t) {
+        const int64_t j_first = j0 + t % 2 * kAmxRows, r_first = (b + t / 2) * kAmxRows;
+        for (int64_t r = r_first; r < std::min(m, r_first + kAmxRows); ++r) {
+          for (int64_t j = j_first; j < std::min(j0 + rows, j_first + kAmxRows); ++j) {
+            y[r * n + j] = out[t][j - j_first][r - r_first];
+          }
+        }
+      }
+    }
+  }
+  _tile_release();
+}
+
 #endif
 
 template <typename W>
@@ -336,13 +471,19 @@ void Run(bool avx512, const Operands<W>& o, float* y) {
   });
 }
 
-// BF16 weights in the BF16-pairs order.
-void RunPairs(bool avx512, const float* x, int64_t m, const bf16* w, int64_t n, int64_t k, float* y) {
-  const int64_t stride = RoundUp(k, 2 * kLanes);
-  std::vector<bf16> xb(m * stride, bf16{});  // the activations in BF16, as Matmul rounds them
+// The activations in BF16, as Matmul rounds them, in rows of `stride` padded with zeros.
+std::vector<bf16> Bf16Rows(const float* x, int64_t m, int64_t k, int64_t stride) {
+  std::vector<bf16> xb(m * stride, bf16{});
   for (int64_t r = 0; r < m; ++r) {
     for (int64_t i = 0; i < k; ++i) xb[r * stride + i] = F32ToBf16(x[r * k + i]);
   }
+  return xb;
+}
+
+// BF16 weights in the BF16-pairs order.
+void RunPairs(bool avx512, const float* x, int64_t m, const bf16* w, int64_t n, int64_t k, float* y) {
+  const int64_t stride = RoundUp(k, 2 * kLanes);
+  const std::vector<bf16> xb = Bf16Rows(x, m, k, stride);
   const int64_t tiles = (n + kTile - 1) / kTile;
   ParallelFor(tiles, [&](int64_t begin, int64_t end) {
     const int64_t j_begin = begin * kTile, j_end = std::min(n, end * kTile);
@@ -350,27 +491,56 @@ void RunPairs(bool avx512, const float* x, int64_t m, const bf16* w, int64_t n, 
     if (avx512) return Avx512PairRows(xb.data(), m, stride, w, n, k, j_begin, j_end, y);
 #endif
     (void)avx512;
-    GenericPairRows(xb.data(), m, stride, w, n, k, j_begin, j_end, y);
+    GenericBf16Rows(xb.data(), m, stride, w, n, k, j_begin, j_end, y, PairsDot);
   });
+}
+
+// BF16 weights in the AMX-tiles order.
+void RunAmx(bool native, const float* x, int64_t m, const bf16* w, int64_t n, int64_t k, float* y) {
+  const int64_t steps = (k + kAmxK - 1) / kAmxK;
+  if (!native) {
+    const int64_t stride = steps * kAmxK;
+    const std::vector<bf16> xb = Bf16Rows(x, m, k, stride);
+    return ParallelFor(n, [&](int64_t begin, int64_t end) {
+      GenericBf16Rows(xb.data(), m, stride, w, n, k, begin, end, y, AmxDot);
+    });
+  }
+#if defined(__x86_64__)
+  const std::vector<bf16> xt = AmxB(x, m, k, steps);
+  ParallelFor((n + kAmxGroup - 1) / kAmxGroup,
+              [&](int64_t begin, int64_t end) { AmxGroups(xt, m, w, n, k, steps, begin, end, y); });
+#endif
 }
 
 }  // namespace
 
 SumOrder BestSumOrder() {
-  return GetCpuFeatures().avx512f && GetCpuFeatures().avx512bf16 ? SumOrder::kBf16Pairs : SumOrder::kLanes;
+  if (HasNativeLoops(SumOrder::kAmxTiles)) return SumOrder::kAmxTiles;
+  return HasNativeLoops(SumOrder::kBf16Pairs) ? SumOrder::kBf16Pairs : SumOrder::kLanes;
 }
 
-void BatchInvariantMatmul(bool avx512, SumOrder order, const float* x, int64_t m, const Weight& weight, float* y) {
+bool HasNativeLoops(SumOrder order) {
+  const CpuFeatures& cpu = GetCpuFeatures();
+  switch (order) {
+    case SumOrder::kLanes: return cpu.avx512f;
+    case SumOrder::kBf16Pairs: return cpu.avx512f && cpu.avx512bf16;
+    case SumOrder::kAmxTiles: return cpu.avx512f && cpu.amx_bf16;
+  }
+  return false;
+}
+
+void BatchInvariantMatmul(bool native, SumOrder order, const float* x, int64_t m, const Weight& weight, float* y) {
   const TensorView& w = weight.data;
-  MOE_CHECK(!avx512 || GetCpuFeatures().avx512f, "BatchInvariantMatmul: this CPU has no AVX-512");
-  MOE_CHECK(!avx512 || order != SumOrder::kBf16Pairs || GetCpuFeatures().avx512bf16,
-            "BatchInvariantMatmul: this CPU has no AVX512_BF16");
+  MOE_CHECK(!native || HasNativeLoops(order), "BatchInvariantMatmul: this CPU lacks the native loops of that order");
   if (m == 0) return;
   if (w.dtype == DType::kI8) return Matmul(x, m, weight, y);  // INT32 sums are exact in any order
   MOE_CHECK(w.dtype == DType::kF32 || w.dtype == DType::kBF16, "BatchInvariantMatmul takes F32, BF16 or I8 weights");
   const int64_t n = w.dim(0), k = w.dim(1), stride = RoundUp(k, kLanes);
   if (w.dtype == DType::kBF16 && order == SumOrder::kBf16Pairs) {
-    return RunPairs(avx512, x, m, static_cast<const bf16*>(w.data), n, k, y);
+    return RunPairs(native, x, m, static_cast<const bf16*>(w.data), n, k, y);
+  }
+  if (w.dtype == DType::kBF16 && order == SumOrder::kAmxTiles) {
+    return RunAmx(native, x, m, static_cast<const bf16*>(w.data), n, k, y);
   }
   // The activations, rounded to BF16 for BF16 weights as Matmul does, in rows padded with zeros.
   std::vector<float> xp(m * stride, 0.0f);
@@ -381,9 +551,9 @@ void BatchInvariantMatmul(bool avx512, SumOrder order, const float* x, int64_t m
     }
   }
   if (w.dtype == DType::kF32) {
-    Run(avx512, Operands<float>{xp.data(), m, stride, static_cast<const float*>(w.data), n, k}, y);
+    Run(native, Operands<float>{xp.data(), m, stride, static_cast<const float*>(w.data), n, k}, y);
   } else {
-    Run(avx512, Operands<bf16>{xp.data(), m, stride, static_cast<const bf16*>(w.data), n, k}, y);
+    Run(native, Operands<bf16>{xp.data(), m, stride, static_cast<const bf16*>(w.data), n, k}, y);
   }
 }
 
@@ -392,9 +562,9 @@ void BatchInvariantMatmul(bool avx512, SumOrder order, const float* x, int64_t m
 namespace moe::kernels {
 
 void BatchInvariantMatmul(const float* x, int64_t m, const Weight& w, float* y) {
-  static const bool avx512 = GetCpuFeatures().avx512f;
   static const cpu::SumOrder order = cpu::BestSumOrder();
-  cpu::BatchInvariantMatmul(avx512, order, x, m, w, y);
+  static const bool native = cpu::HasNativeLoops(order);
+  cpu::BatchInvariantMatmul(native, order, x, m, w, y);
 }
 
 }  // namespace moe::kernels
