@@ -44,11 +44,9 @@ TEST_P(MatmulTest, Bf16MatchesReference) {
 
 TEST_P(MatmulTest, Int8MatchesReferenceExactly) {
   const auto [m, k, n] = GetParam();
-  std::vector<float> x = Random(m * k, 5), w = Random(n * k, 6), y(m * n), want(m * n);
-  std::vector<int8_t> wq(n * k);
-  std::vector<float> scales(n);
-  QuantizeRows(w.data(), n, k, wq.data(), scales.data());
-  const Weight wv(TensorView{wq.data(), DType::kI8, {n, k}}, scales.data());
+  std::vector<float> x = Random(m * k, 5), y(m * n), want(m * n);
+  const RandomInt8Weight w(n, k, 6);
+  const Weight wv(w.view(), w.scales.data());
   Matmul(x.data(), m, wv, y.data());
   ref::Matmul(x.data(), m, wv, want.data());
   // INT32 accumulation is exact and the scaling is the same expression.
@@ -57,18 +55,14 @@ TEST_P(MatmulTest, Int8MatchesReferenceExactly) {
 
 TEST_P(MatmulTest, PackedInt8MatchesReferenceExactly) {
   const auto [m, k, n] = GetParam();
-  std::vector<float> w = Random(n * k, 10);
-  std::vector<int8_t> wq(n * k);
-  std::vector<float> scales(n);
-  QuantizeRows(w.data(), n, k, wq.data(), scales.data());
-  const TensorView plain{wq.data(), DType::kI8, {n, k}};
-  const Tensor packed = PackMatmulWeight(plain);
-  const Weight wv(plain, scales.data(), packed.data<int8_t>());
+  const RandomInt8Weight w(n, k, 10);
+  const Tensor packed = PackMatmulWeight(w.view());
+  const Weight wv(w.view(), w.scales.data(), packed.data<int8_t>());
   // Batches of other sizes too: each is padded to its row bucket differently.
   for (int64_t rows : {m, m + 16, 3 * m + 120}) {
     std::vector<float> x = Random(rows * k, 9), y(rows * n), want(rows * n);
     Matmul(x.data(), rows, wv, y.data());
-    ref::Matmul(x.data(), rows, Weight(plain, scales.data()), want.data());
+    ref::Matmul(x.data(), rows, Weight(w.view(), w.scales.data()), want.data());
     ExpectNear(y, want, 1e-6f);
   }
 }

@@ -13,5 +13,6 @@
 #pragma GCC diagnostic pop
 
 #define MOE_AVX512 __attribute__((target("avx512f")))
+#define MOE_AVX512_VNNI __attribute__((target("avx512f,avx512bw,avx512vnni")))
 
 #endif

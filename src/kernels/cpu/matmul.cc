@@ -4,7 +4,8 @@
 // weight oneDNN 2.6 falls back to its reference kernel (thousands of times slower); M is padded up
 // to its bucket. The packed path runs 1.3-8x faster than the plain one at M = 1..512 on the bench
 // model's expert shapes (AMX brgemm; bench/RESULTS.md), because the plain one repacks the weight
-// on every call.
+// on every call. I8 weights at up to kInt8GemvMaxRows rows skip oneDNN for Int8Gemv, which streams
+// the plain weight faster (int8_gemv.h).
 #include <bit>
 #include <cstring>
 #include <map>
@@ -15,6 +16,7 @@
 #include <oneapi/dnnl/dnnl.hpp>
 
 #include "base/thread_pool.h"
+#include "kernels/cpu/int8_gemv.h"
 #include "kernels/kernels.h"
 
 namespace moe::kernels {
@@ -45,8 +47,28 @@ memory::data_type DstType(DType weight_dtype) {
 
 struct MatmulPrimitive {
   dnnl::matmul primitive;
-  memory::desc src, weights, dst;
+  memory::desc src, weights, dst, scratchpad;
 };
+
+// A primitive that takes its scratchpad from the caller. oneDNN's own is one buffer that every
+// thread's calls share, and the experts of a step run one per thread, each calling oneDNN.
+MatmulPrimitive MakePrimitive(const memory::desc& src, const memory::desc& weights, const memory::desc& dst) {
+  dnnl::primitive_attr attr;
+  attr.set_scratchpad_mode(dnnl::scratchpad_mode::user);
+  const dnnl::matmul::primitive_desc pd(dnnl::matmul::desc(src, weights, dst), attr, CpuEngine());
+  return {dnnl::matmul(pd), src, weights, dst, pd.scratchpad_desc()};
+}
+
+// Runs p with this thread's scratchpad.
+void Run(const MatmulPrimitive& p, const memory& src, const memory& weights, const memory& dst) {
+  thread_local std::vector<uint8_t> scratch;
+  scratch.resize(p.scratchpad.get_size());
+  const memory scratch_mem(p.scratchpad, CpuEngine(), scratch.data());
+  dnnl::stream stream(CpuEngine());
+  p.primitive.execute(stream, {{DNNL_ARG_SRC, src}, {DNNL_ARG_WEIGHTS, weights}, {DNNL_ARG_DST, dst},
+                               {DNNL_ARG_SCRATCHPAD, scratch_mem}});
+  stream.wait();
+}
 
 const MatmulPrimitive& GetPrimitive(int64_t k, int64_t n, DType dtype) {
   static std::mutex mutex;
@@ -55,12 +77,9 @@ const MatmulPrimitive& GetPrimitive(int64_t k, int64_t n, DType dtype) {
   auto [it, inserted] = cache.try_emplace({k, n, dtype});
   if (inserted) {
     const memory::data_type dt = ToDnnl(dtype);
-    MatmulPrimitive& p = it->second;
-    p.src = memory::desc({DNNL_RUNTIME_DIM_VAL, k}, dt, {k, 1});
-    p.weights = memory::desc({k, n}, dt, {1, k});  // the [n, k] row-major weight, seen as k x n
-    p.dst = memory::desc({DNNL_RUNTIME_DIM_VAL, n}, DstType(dtype), {n, 1});
-    dnnl::matmul::desc desc(p.src, p.weights, p.dst);
-    p.primitive = dnnl::matmul(dnnl::matmul::primitive_desc(desc, CpuEngine()));
+    it->second = MakePrimitive(memory::desc({DNNL_RUNTIME_DIM_VAL, k}, dt, {k, 1}),
+                               memory::desc({k, n}, dt, {1, k}),  // the [n, k] row-major weight, seen as k x n
+                               memory::desc({DNNL_RUNTIME_DIM_VAL, n}, DstType(dtype), {n, 1}));
   }
   return it->second;
 }
@@ -88,22 +107,22 @@ int64_t RowBucket(int64_t m) {
   return (m + 255) / 256 * 256;
 }
 
-const dnnl::matmul& GetPackedPrimitive(int64_t k, int64_t n, int64_t rows) {
+const MatmulPrimitive& GetPackedPrimitive(int64_t k, int64_t n, int64_t rows) {
   static std::mutex mutex;
-  static std::map<std::tuple<int64_t, int64_t, int64_t>, dnnl::matmul> cache;
+  static std::map<std::tuple<int64_t, int64_t, int64_t>, MatmulPrimitive> cache;
   const memory::desc& weights = PackedWeightsDesc(k, n);
   std::lock_guard lock(mutex);
   auto [it, inserted] = cache.try_emplace({k, n, rows});
   if (inserted) {
-    const memory::desc src({rows, k}, memory::data_type::s8, {k, 1});
-    const memory::desc dst({rows, n}, memory::data_type::s32, {n, 1});
-    it->second = dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(src, weights, dst), CpuEngine()));
+    it->second = MakePrimitive(memory::desc({rows, k}, memory::data_type::s8, {k, 1}), weights,
+                               memory::desc({rows, n}, memory::data_type::s32, {n, 1}));
   }
   return it->second;
 }
 
-// INT32 products of I8 activations and a packed weight into y's storage.
-void ExecutePacked(const int8_t* src, int64_t m, int64_t k, int64_t n, const void* packed, float* y) {
+}  // namespace
+
+void cpu::Int8GemmPacked(const int8_t* src, int64_t m, int64_t k, int64_t n, const void* packed, int32_t* y) {
   const int64_t rows = RowBucket(m);
   thread_local std::vector<int8_t> padded_src;
   thread_local std::vector<int32_t> padded_dst;
@@ -116,28 +135,21 @@ void ExecutePacked(const int8_t* src, int64_t m, int64_t k, int64_t n, const voi
     a = padded_src.data();
     c = padded_dst.data();
   }
-  memory src_mem(memory::desc({rows, k}, memory::data_type::s8, {k, 1}), CpuEngine(), a);
-  memory weights_mem(PackedWeightsDesc(k, n), CpuEngine(), const_cast<void*>(packed));
-  memory dst_mem(memory::desc({rows, n}, memory::data_type::s32, {n, 1}), CpuEngine(), c);
-  dnnl::stream stream(CpuEngine());
-  GetPackedPrimitive(k, n, rows).execute(stream, {{DNNL_ARG_SRC, src_mem}, {DNNL_ARG_WEIGHTS, weights_mem},
-                                                  {DNNL_ARG_DST, dst_mem}});
-  stream.wait();
+  const MatmulPrimitive& p = GetPackedPrimitive(k, n, rows);
+  Run(p, memory(p.src, CpuEngine(), a), memory(p.weights, CpuEngine(), const_cast<void*>(packed)),
+      memory(p.dst, CpuEngine(), c));
   if (c != y) std::memcpy(y, c, m * n * sizeof(int32_t));
 }
+
+namespace {
 
 // Products in the weights' type (I8: into y's storage as INT32) through the runtime-M primitive.
 void ExecutePlain(const void* src, int64_t m, const TensorView& w, float* y) {
   const int64_t n = w.dim(0), k = w.dim(1);
   const MatmulPrimitive& p = GetPrimitive(k, n, w.dtype);
   const memory::data_type dt = ToDnnl(w.dtype);
-  memory src_mem(memory::desc({m, k}, dt, {k, 1}), CpuEngine(), const_cast<void*>(src));
-  memory weights_mem(p.weights, CpuEngine(), w.data);
-  memory dst_mem(memory::desc({m, n}, DstType(w.dtype), {n, 1}), CpuEngine(), y);
-  dnnl::stream stream(CpuEngine());
-  p.primitive.execute(stream, {{DNNL_ARG_SRC, src_mem}, {DNNL_ARG_WEIGHTS, weights_mem},
-                               {DNNL_ARG_DST, dst_mem}});
-  stream.wait();
+  Run(p, memory(memory::desc({m, k}, dt, {k, 1}), CpuEngine(), const_cast<void*>(src)),
+      memory(p.weights, CpuEngine(), w.data), memory(memory::desc({m, n}, DstType(w.dtype), {n, 1}), CpuEngine(), y));
 }
 
 // y = src · w^T for activations already in the weights' type (I8: with per-row scales).
@@ -146,9 +158,11 @@ void Execute(const void* src, const float* src_scales, int64_t m, const Weight& 
   const int64_t n = w.dim(0), k = w.dim(1);
   // INT32 results go to y's own storage, then are scaled in place.
   static_assert(sizeof(int32_t) == sizeof(float));
-  if (weight.packed) {
+  if (w.dtype == DType::kI8 && m <= cpu::kInt8GemvMaxRows && cpu::Int8GemvSupported()) {
+    cpu::Int8Gemv(static_cast<const int8_t*>(src), m, w.as<int8_t>(), n, k, reinterpret_cast<int32_t*>(y));
+  } else if (weight.packed) {
     MOE_CHECK(w.dtype == DType::kI8, "only I8 weights are packed");
-    ExecutePacked(static_cast<const int8_t*>(src), m, k, n, weight.packed, y);
+    cpu::Int8GemmPacked(static_cast<const int8_t*>(src), m, k, n, weight.packed, reinterpret_cast<int32_t*>(y));
   } else {
     ExecutePlain(src, m, w, y);
   }

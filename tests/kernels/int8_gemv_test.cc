@@ -1,0 +1,117 @@
+// Int8Gemv's INT32 products against a scalar loop, to the bit, on odd shapes and extreme values; and
+// Matmul of I8 weights, which runs Int8Gemv for a few rows and oneDNN for more, giving a row the
+// same bits whatever the batch around it.
+#include <cstring>
+#include <random>
+#include <tuple>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "kernels/cpu/int8_gemv.h"
+#include "kernels/kernels.h"
+#include "random_data.h"
+
+namespace moe::kernels {
+namespace {
+
+std::vector<int8_t> RandomInt8(int64_t count, uint32_t seed, int lo, int hi) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int> dist(lo, hi);
+  std::vector<int8_t> v(count);
+  for (int8_t& e : v) e = static_cast<int8_t>(dist(rng));
+  return v;
+}
+
+std::vector<int32_t> ScalarProducts(const std::vector<int8_t>& x, int64_t m, const std::vector<int8_t>& w, int64_t n,
+                                    int64_t k) {
+  std::vector<int32_t> y(m * n);
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      int32_t sum = 0;
+      for (int64_t p = 0; p < k; ++p) sum += int32_t{x[i * k + p]} * int32_t{w[j * k + p]};
+      y[i * n + j] = sum;
+    }
+  }
+  return y;
+}
+
+void ExpectProductsExact(const std::vector<int8_t>& x, int64_t m, const std::vector<int8_t>& w, int64_t n, int64_t k) {
+  std::vector<int32_t> y(m * n);
+  cpu::Int8Gemv(x.data(), m, w.data(), n, k, y.data());
+  const std::vector<int32_t> want = ScalarProducts(x, m, w, n, k);
+  for (int64_t i = 0; i < m * n; ++i) {
+    ASSERT_EQ(y[i], want[i]) << "m " << m << " n " << n << " k " << k << " at row " << i / n << " column " << i % n;
+  }
+}
+
+class Int8GemvTest : public testing::TestWithParam<std::tuple<int64_t, int64_t>> {
+ protected:
+  void SetUp() override {
+    if (!cpu::Int8GemvSupported()) GTEST_SKIP() << "this CPU lacks AVX-512 VNNI, which Int8Gemv needs";
+  }
+};
+
+// Every tile shape (1-4 x rows in the last pass, 1-4 weight rows in the last tile) and k tail.
+TEST_P(Int8GemvTest, MatchesScalarProductsExactly) {
+  const auto [m, k] = GetParam();
+  for (int64_t n : {1, 2, 3, 4, 5, 7, 33}) {
+    const std::vector<int8_t> x = RandomInt8(m * k, 1, -127, 127), w = RandomInt8(n * k, 2, -128, 127);
+    ExpectProductsExact(x, m, w, n, k);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Shapes, Int8GemvTest,
+                         testing::Combine(testing::Values(1, 2, 3, 4, 5, 8, 9, 16, 17),
+                                          testing::Values(1, 63, 64, 65, 130, 2048)));
+
+// The largest products, each sign; all-zero rows of x and w; and a k long enough for the biased
+// sums (w + 128) * x to come near INT32's limit.
+TEST(Int8GemvExtremesTest, MatchesScalarProductsExactly) {
+  if (!cpu::Int8GemvSupported()) GTEST_SKIP() << "this CPU lacks AVX-512 VNNI, which Int8Gemv needs";
+  for (int64_t k : {1, 65, 2048, 65536}) {
+    const int64_t m = 5, n = 6;
+    std::vector<int8_t> x(m * k), w(n * k);
+    for (int64_t p = 0; p < k; ++p) {
+      x[0 * k + p] = 127;
+      x[1 * k + p] = -127;
+      x[2 * k + p] = 0;
+      x[3 * k + p] = p % 2 ? 127 : -127;
+      x[4 * k + p] = static_cast<int8_t>(p % 255 - 127);
+      w[0 * k + p] = 127;
+      w[1 * k + p] = -128;
+      w[2 * k + p] = -127;
+      w[3 * k + p] = 0;
+      w[4 * k + p] = p % 2 ? -128 : 127;
+      w[5 * k + p] = static_cast<int8_t>(p % 256 - 128);
+    }
+    ExpectProductsExact(x, m, w, n, k);
+  }
+}
+
+// Matmul gives a row the same bits alone and at every place in a batch of every size up to past
+// kInt8GemvMaxRows, where oneDNN takes over, with and without the packed weight.
+TEST(Int8MatmulTest, RowsDoNotDependOnTheBatch) {
+  for (const auto& [n, k] : {std::pair<int64_t, int64_t>{37, 130}, {64, 2048}}) {
+    const RandomInt8Weight w(n, k, 11);
+    const Tensor packed = PackMatmulWeight(w.view());
+    const Weight plain(w.view(), w.scales.data()), packed_too(w.view(), w.scales.data(), packed.data<int8_t>());
+    const int64_t max_rows = cpu::kInt8GemvMaxRows + 3;
+    const std::vector<float> x = Random(max_rows * k, 12);
+    std::vector<float> alone(max_rows * n);
+    for (int64_t r = 0; r < max_rows; ++r) Matmul(x.data() + r * k, 1, plain, alone.data() + r * n);
+    for (const Weight& weight : {plain, packed_too}) {
+      for (int64_t m = 1; m <= max_rows; ++m) {
+        std::vector<float> y(m * n);
+        Matmul(x.data(), m, weight, y.data());
+        for (int64_t r = 0; r < m; ++r) {
+          ASSERT_EQ(std::memcmp(y.data() + r * n, alone.data() + r * n, n * sizeof(float)), 0)
+              << "n " << n << " k " << k << " packed " << (weight.packed != nullptr) << ": row " << r << " of " << m;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace moe::kernels
