@@ -7,6 +7,7 @@
 #include <numeric>
 
 #include "base/check.h"
+#include "base/thread_pool.h"
 #include "model/mlp.h"
 
 namespace moe {
@@ -83,21 +84,28 @@ std::vector<float> RunExperts(const ExpertPlacement& placement, const MoeWeights
   for (int64_t s = 0; s < got.rows * slots; ++s) {
     if (got.expert_ids[s] >= 0) slots_of[got.expert_ids[s]].push_back(s);
   }
-  std::vector<float> results(got.rows * slots * hidden);
-  std::vector<int64_t> rows;
-  std::vector<float> y;
+  std::vector<int64_t> active;
   for (int64_t e = 0; e < num_experts; ++e) {
     if (slots_of[e].empty()) continue;
-    const bool shared = e == placement.num_experts();
-    MOE_CHECK(!shared || moe.shared, "shared-expert work reached a rank without the shared experts");
-    rows.clear();
-    for (int64_t s : slots_of[e]) rows.push_back(s / slots);
-    y.resize(rows.size() * hidden);
-    wire.RunExpert(shared ? *moe.shared : moe.experts[e], got, rows, y.data());
-    for (size_t i = 0; i < rows.size(); ++i) {
-      std::memcpy(&results[slots_of[e][i] * hidden], &y[i * hidden], hidden * sizeof(float));
-    }
+    MOE_CHECK(e < placement.num_experts() || moe.shared, "shared-expert work reached a rank without the shared experts");
+    active.push_back(e);
   }
+  // Each expert whole on one thread, as LocalExpertBackend runs them.
+  std::vector<float> results(got.rows * slots * hidden);
+  ParallelFor(static_cast<int64_t>(active.size()), [&](int64_t begin, int64_t end) {
+    std::vector<int64_t> rows;
+    std::vector<float> y;
+    for (int64_t i = begin; i < end; ++i) {
+      const int64_t e = active[i];
+      rows.clear();
+      for (int64_t s : slots_of[e]) rows.push_back(s / slots);
+      y.resize(rows.size() * hidden);
+      wire.RunExpert(e == placement.num_experts() ? *moe.shared : moe.experts[e], got, rows, y.data());
+      for (size_t r = 0; r < rows.size(); ++r) {
+        std::memcpy(&results[slots_of[e][r] * hidden], &y[r * hidden], hidden * sizeof(float));
+      }
+    }
+  });
   return results;
 }
 

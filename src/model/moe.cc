@@ -7,6 +7,7 @@
 #include <numeric>
 #include <vector>
 
+#include "base/thread_pool.h"
 #include "kernels/kernels.h"
 #include "model/mlp.h"
 
@@ -95,23 +96,42 @@ class LocalPending final : public PendingExperts {
 
   void Finish(float* out) override {
     const int64_t hidden = moe_.router.dim(1);
-    std::fill(out, out + tokens_ * hidden, 0.0f);
-    std::vector<float> rows, results;
-    for (size_t e = 0; e < moe_.experts.size(); ++e) {
-      const auto& batch = assigned_[e];
-      if (batch.empty()) continue;
-      const int64_t m = static_cast<int64_t>(batch.size());
-      rows.resize(m * hidden);
-      results.resize(m * hidden);
-      for (int64_t i = 0; i < m; ++i) {
-        std::memcpy(&rows[i * hidden], x_ + batch[i].first * hidden, hidden * sizeof(float));
-      }
-      MlpForward(moe_.experts[e], rows.data(), m, results.data());
-      for (int64_t i = 0; i < m; ++i) {
-        float* dst = out + batch[i].first * hidden;
-        for (int64_t d = 0; d < hidden; ++d) dst[d] += batch[i].second * results[i * hidden + d];
-      }
+    // The experts with tokens, and where each one's results start (in rows).
+    std::vector<int64_t> active, first;
+    int64_t total = 0;
+    for (size_t e = 0; e < assigned_.size(); ++e) {
+      if (assigned_[e].empty()) continue;
+      active.push_back(static_cast<int64_t>(e));
+      first.push_back(total);
+      total += static_cast<int64_t>(assigned_[e].size());
     }
+    // Each expert whole on one thread, the threads taking the experts between them: an expert
+    // gets a few rows each step, too little work to split one expert's GEMMs across threads.
+    std::vector<float> results(total * hidden);
+    ParallelFor(static_cast<int64_t>(active.size()), [&](int64_t begin, int64_t end) {
+      std::vector<float> rows;
+      for (int64_t i = begin; i < end; ++i) {
+        const auto& batch = assigned_[active[i]];
+        const auto m = static_cast<int64_t>(batch.size());
+        rows.resize(m * hidden);
+        for (int64_t r = 0; r < m; ++r) {
+          std::memcpy(&rows[r * hidden], x_ + batch[r].first * hidden, hidden * sizeof(float));
+        }
+        MlpForward(moe_.experts[active[i]], rows.data(), m, &results[first[i] * hidden]);
+      }
+    });
+    // Each token's sum in ascending expert order; threads split the hidden dimension.
+    std::fill(out, out + tokens_ * hidden, 0.0f);
+    ParallelFor(hidden, [&](int64_t d_begin, int64_t d_end) {
+      for (size_t i = 0; i < active.size(); ++i) {
+        const auto& batch = assigned_[active[i]];
+        for (size_t r = 0; r < batch.size(); ++r) {
+          const float* src = &results[(first[i] + static_cast<int64_t>(r)) * hidden];
+          float* dst = out + batch[r].first * hidden;
+          for (int64_t d = d_begin; d < d_end; ++d) dst[d] += batch[r].second * src[d];
+        }
+      }
+    });
     AddSharedExperts(moe_, x_, tokens_, out);
   }
 
