@@ -5,6 +5,7 @@
 #include <optional>
 #include <vector>
 
+#include "base/thread_pool.h"
 #include "kernels/kernels.h"
 
 namespace moe {
@@ -170,20 +171,33 @@ void MlaForward(const AttentionWeights& w, const ModelConfig& c, const Rope& rop
   }
 
   std::vector<float> attn(rows * heads * c.v_head_dim);
-  row = 0;
-  for (const MlaSequence& s : sequences) {
-    const int64_t keys = s.start + s.tokens;
+  std::vector<int64_t> first_row(sequences.size());
+  for (size_t i = 0, r = 0; i < sequences.size(); r += sequences[i].tokens, ++i) first_row[i] = static_cast<int64_t>(r);
+  auto attend = [&](size_t i) {
+    const MlaSequence& s = sequences[i];
     std::optional<LayerKvCache> gathered;
-    const LayerKvCache& view = ContiguousRows(cache, s.block_table, block_size, keys, gathered);
-    const float* sq = q.data() + row * heads * qk;
-    float* so = attn.data() + row * heads * c.v_head_dim;
+    const LayerKvCache& view = ContiguousRows(cache, s.block_table, block_size, s.start + s.tokens, gathered);
+    const float* sq = q.data() + first_row[i] * heads * qk;
+    float* so = attn.data() + first_row[i] * heads * c.v_head_dim;
     if (s.form == AttentionForm::kExpanded) {
       ExpandedAttention(w, c, sq, s.tokens, s.start, view, so);
     } else {
       AbsorbedAttention(w, c, sq, s.tokens, s.start, view, so);
     }
-    row += s.tokens;
+  };
+  // A prompt's attention gets every thread; single-token (decode) sequences run one per thread,
+  // each too little work to split across threads (under W8A8 the bits are the same either way).
+  std::vector<size_t> decodes;
+  for (size_t i = 0; i < sequences.size(); ++i) {
+    if (sequences[i].tokens == 1) {
+      decodes.push_back(i);
+    } else {
+      attend(i);
+    }
   }
+  ParallelFor(static_cast<int64_t>(decodes.size()), [&](int64_t begin, int64_t end) {
+    for (int64_t j = begin; j < end; ++j) attend(decodes[j]);
+  });
   kernels::Matmul(attn.data(), rows, w.o_proj.view(), out);
 }
 
