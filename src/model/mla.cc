@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <functional>
 #include <optional>
 #include <vector>
 
@@ -93,19 +94,30 @@ void ExpandedAttention(const AttentionWeights& w, const ModelConfig& c, const fl
   kernels::Attention(q, k.data(), v.data(), p, out);
 }
 
+// fn(h, head_in, head_out) for every head, the threads splitting the heads, each thread with
+// buffers of in_floats and out_floats.
+void ForEachHead(int64_t heads, int64_t in_floats, int64_t out_floats,
+                 const std::function<void(int64_t, float*, float*)>& fn) {
+  ParallelFor(heads, [&](int64_t begin, int64_t end) {
+    std::vector<float> head_in(in_floats), head_out(out_floats);
+    for (int64_t h = begin; h < end; ++h) fn(h, head_in.data(), head_out.data());
+  });
+}
+
 // Attention on the latent cache: fold W_uk into the query and W_uv into the output.
 void AbsorbedAttention(const AttentionWeights& w, const ModelConfig& c, const float* q, int64_t tokens,
                        int64_t start, const LayerKvCache& cache, float* out) {
   const int64_t heads = c.num_attention_heads, nope = c.qk_nope_head_dim, rope = c.qk_rope_head_dim;
   const int64_t vdim = c.v_head_dim, lora = c.kv_lora_rank, qk = nope + rope;
   std::vector<float> q_lat(tokens * heads * lora), q_pe(tokens * heads * rope);
-  std::vector<float> head_in(tokens * std::max(nope, lora)), head_out(tokens * std::max(lora, vdim));
-  for (int64_t h = 0; h < heads; ++h) {
-    CopyColumns(q, tokens, heads * qk, h * qk, nope, head_in.data(), nope);
-    kernels::Matmul(head_in.data(), tokens, w.k_absorb[h].view(), head_out.data());
-    CopyColumns(head_out.data(), tokens, lora, 0, lora, q_lat.data() + h * lora, heads * lora);
+  // Per head, a GEMM too small to split across threads: the threads split the heads.
+  const int64_t in_floats = tokens * std::max(nope, lora), out_floats = tokens * std::max(lora, vdim);
+  ForEachHead(heads, in_floats, out_floats, [&](int64_t h, float* head_in, float* head_out) {
+    CopyColumns(q, tokens, heads * qk, h * qk, nope, head_in, nope);
+    kernels::Matmul(head_in, tokens, w.k_absorb[h].view(), head_out);
+    CopyColumns(head_out, tokens, lora, 0, lora, q_lat.data() + h * lora, heads * lora);
     CopyColumns(q, tokens, heads * qk, h * qk + nope, rope, q_pe.data() + h * rope, heads * rope);
-  }
+  });
   std::vector<float> o_lat(tokens * heads * lora);
   kernels::LatentAttentionParams p{tokens, start + tokens, heads, lora, rope, start,
                                    static_cast<float>(c.SoftmaxScale())};
@@ -116,11 +128,11 @@ void AbsorbedAttention(const AttentionWeights& w, const ModelConfig& c, const fl
     kernels::LatentAttention(q_lat.data(), q_pe.data(), cache.c_kv.data<bf16>(), cache.k_pe.data<bf16>(), p,
                              o_lat.data());
   }
-  for (int64_t h = 0; h < heads; ++h) {
-    CopyColumns(o_lat.data(), tokens, heads * lora, h * lora, lora, head_in.data(), lora);
-    kernels::Matmul(head_in.data(), tokens, w.v_absorb[h].view(), head_out.data());
-    CopyColumns(head_out.data(), tokens, vdim, 0, vdim, out + h * vdim, heads * vdim);
-  }
+  ForEachHead(heads, in_floats, out_floats, [&](int64_t h, float* head_in, float* head_out) {
+    CopyColumns(o_lat.data(), tokens, heads * lora, h * lora, lora, head_in, lora);
+    kernels::Matmul(head_in, tokens, w.v_absorb[h].view(), head_out);
+    CopyColumns(head_out, tokens, vdim, 0, vdim, out + h * vdim, heads * vdim);
+  });
 }
 
 }  // namespace
