@@ -8,12 +8,15 @@
 #include <cstdint>
 #include <vector>
 
+#include <unistd.h>
+
 namespace moe::bench {
 
-// Enough copies of `bytes` to span 256 MiB, several times any L3 this runs on.
+// Enough copies of `bytes` to span twice the last-level cache, and at least 256 MiB (some VMs
+// report a 480 MiB L3; others report none).
 inline int64_t ColdCopies(int64_t bytes) {
-  constexpr int64_t kSpan = int64_t{256} << 20;
-  return std::max<int64_t>(1, (kSpan + bytes - 1) / bytes);
+  static const int64_t span = std::max<int64_t>(int64_t{256} << 20, 2 * sysconf(_SC_LEVEL3_CACHE_SIZE));
+  return std::max<int64_t>(1, (span + bytes - 1) / bytes);
 }
 
 template <typename T>
