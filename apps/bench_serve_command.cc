@@ -16,21 +16,18 @@
 #include <iostream>
 #include <limits>
 #include <map>
-#include <memory>
-#include <mutex>
 #include <optional>
 #include <random>
-#include <sstream>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include <fmt/format.h>
-#include <httplib.h>
 #include <nlohmann/json.hpp>
 
 #include "apps/bench_stats.h"
 #include "apps/commands.h"
+#include "apps/completions_client.h"
 #include "base/termination.h"
 
 namespace moe {
@@ -66,111 +63,6 @@ struct BenchServeOptions {
   bool num_prompts_given = false;  // set after parsing
 };
 
-// --base-url split into what httplib::Client takes and the path the API lives under.
-struct BaseUrl {
-  std::string scheme_host_port;  // http://host:port
-  std::string prefix;            // "" or "/something", without /v1
-};
-
-Expected<BaseUrl> ParseBaseUrl(const std::string& url) {
-#ifdef CPPHTTPLIB_OPENSSL_SUPPORT
-  const std::string scheme = url.rfind("https://", 0) == 0 ? "https://" : "http://";
-  const char* schemes = "http:// or https://";
-#else
-  const std::string scheme = "http://";
-  const char* schemes = "http:// (this build of cpp-httplib has no TLS)";
-#endif
-  if (url.rfind(scheme, 0) != 0) return Status::Error("'" + url + "' must start with " + schemes);
-  const size_t slash = url.find('/', scheme.size());
-  BaseUrl b{url.substr(0, slash), slash == std::string::npos ? "" : url.substr(slash)};
-  if (b.scheme_host_port.size() == scheme.size()) return Status::Error("'" + url + "' names no host");
-  while (!b.prefix.empty() && b.prefix.back() == '/') b.prefix.pop_back();
-  // Accept the OpenAI SDK's form too (http://host:port/v1).
-  if (b.prefix.size() >= 3 && b.prefix.compare(b.prefix.size() - 3, 3, "/v1") == 0) b.prefix.resize(b.prefix.size() - 3);
-  return b;
-}
-
-// httplib's names for its errors are single words ("Connection", "Read").
-std::string Describe(httplib::Error error) {
-  switch (error) {
-    case httplib::Error::Connection: return "cannot connect";
-    case httplib::Error::ConnectionTimeout: return "timed out connecting";
-    case httplib::Error::Read: return "reading the response failed or timed out (see --timeout)";
-    case httplib::Error::Write: return "sending the request failed";
-    case httplib::Error::SSLConnection: return "the TLS handshake failed";
-    case httplib::Error::SSLServerVerification: return "the server's TLS certificate did not verify";
-    default: return httplib::to_string(error);
-  }
-}
-
-std::unique_ptr<httplib::Client> MakeClient(const BaseUrl& url, const BenchServeOptions& o) {
-  auto client = std::make_unique<httplib::Client>(url.scheme_host_port);
-  client->set_connection_timeout(std::chrono::seconds(10));
-  const auto timeout = std::chrono::milliseconds(static_cast<int64_t>(o.timeout_s * 1000));
-  client->set_read_timeout(timeout);
-  client->set_write_timeout(timeout);
-  client->set_keep_alive(true);
-  // httplib writes the headers and the body separately: with Nagle's algorithm the body would wait
-  // for the server's delayed ACK (40 ms on Linux), which lands in every TTFT.
-  client->set_tcp_nodelay(true);
-  if (!o.api_key.empty()) client->set_bearer_token_auth(o.api_key);
-  return client;
-}
-
-// The message of an OpenAI-shaped error body ({"error": {"message": ...}}), else the body itself.
-std::string ErrorMessage(const std::string& body) {
-  const json j = json::parse(body, nullptr, /*allow_exceptions=*/false);
-  if (j.is_object() && j.contains("error")) {
-    const json& e = j["error"];
-    if (e.is_object() && e.contains("message") && e["message"].is_string()) return e["message"].get<std::string>();
-    if (e.is_string()) return e.get<std::string>();
-  }
-  std::string text = body.substr(0, 300);
-  for (char& c : text) {
-    if (c == '\n' || c == '\r') c = ' ';
-  }
-  return text.empty() ? "(empty body)" : text;
-}
-
-struct ServedModel {
-  std::string id;
-  int64_t max_model_len = 0;  // 0: not reported
-};
-
-Expected<ServedModel> QueryModel(const BaseUrl& url, const BenchServeOptions& o) {
-  auto client = MakeClient(url, o);
-  client->set_read_timeout(std::chrono::seconds(30));
-  const std::string path = url.prefix + "/v1/models";
-  const httplib::Result res = client->Get(path);
-  if (!res) {
-    return Status::Error("cannot reach the server at " + o.base_url + " (GET " + path + ": " +
-                         Describe(res.error()) + "); is `moe-serve serve` running there?");
-  }
-  if (res->status != 200) {
-    return Status::Error("GET " + path + " at " + o.base_url + " answered HTTP " + std::to_string(res->status) + ": " +
-                         ErrorMessage(res->body) + (res->status == 401 ? " (see --api-key)" : ""));
-  }
-  const json j = json::parse(res->body, nullptr, false);
-  if (!j.is_object() || !j.contains("data") || !j["data"].is_array()) {
-    return Status::Error("GET " + path + ": not a model list: " + ErrorMessage(res->body));
-  }
-  for (const json& m : j["data"]) {
-    if (!m.is_object() || !m.contains("id") || !m["id"].is_string()) continue;
-    ServedModel model{m["id"].get<std::string>(), 0};
-    if (m.contains("max_model_len") && m["max_model_len"].is_number_integer()) {
-      model.max_model_len = m["max_model_len"].get<int64_t>();
-    }
-    if (o.model.empty() || o.model == model.id) return model;
-  }
-  if (o.model.empty()) return Status::Error("GET " + path + " lists no model");
-  return Status::Error("--model: the server does not serve '" + o.model + "' (GET " + path + ")");
-}
-
-struct RequestSpec {
-  std::vector<int32_t> prompt;
-  int64_t output_len = 0;
-};
-
 // Lengths uniform in [len * (1 - r), len * (1 + r)], as vLLM's random dataset draws them.
 std::pair<int64_t, int64_t> LengthRange(int64_t len, double ratio) {
   const int64_t lo = std::max<int64_t>(1, std::llround(static_cast<double>(len) * (1 - ratio)));
@@ -192,145 +84,6 @@ std::vector<RequestSpec> MakeRequests(const BenchServeOptions& o, int64_t count,
     r.output_len = draw(o.output_len);
   }
   return requests;
-}
-
-struct RequestResult {
-  bool success = false;
-  std::string error;
-  int64_t prompt_len = 0;
-  int64_t output_tokens = 0;  // usage.completion_tokens, else the number of content chunks
-  double ttft_s = 0;
-  double e2el_s = 0;           // to the last content chunk, as vLLM measures it
-  std::vector<double> itl_s;   // gaps between consecutive content chunks
-};
-
-// Reads "data:" lines of a server-sent event stream as they arrive, one event per blank line.
-class SseParser {
- public:
-  template <typename OnEvent>
-  void Feed(const char* data, size_t size, OnEvent&& on_event) {
-    buffer_.append(data, size);
-    size_t start = 0, end;
-    while ((end = buffer_.find('\n', start)) != std::string::npos) {
-      std::string_view line(buffer_.data() + start, end - start);
-      if (!line.empty() && line.back() == '\r') line.remove_suffix(1);
-      if (line.empty()) {
-        if (has_data_) on_event(event_);
-        event_.clear();
-        has_data_ = false;
-      } else if (line.rfind("data:", 0) == 0) {
-        line.remove_prefix(5);
-        if (!line.empty() && line.front() == ' ') line.remove_prefix(1);
-        if (has_data_) event_ += '\n';
-        event_ += line;
-        has_data_ = true;
-      }  // comments (":...") and other fields carry nothing a completion needs
-      start = end + 1;
-    }
-    buffer_.erase(0, start);
-  }
-
-  template <typename OnEvent>
-  void Finish(OnEvent&& on_event) {
-    if (has_data_) on_event(event_);
-    has_data_ = false;
-  }
-
- private:
-  std::string buffer_, event_;
-  bool has_data_ = false;
-};
-
-RequestResult SendRequest(httplib::Client& client, const std::string& path, const std::string& model,
-                          const RequestSpec& spec) {
-  RequestResult r;
-  r.prompt_len = static_cast<int64_t>(spec.prompt.size());
-  const json body = {{"model", model},
-                     {"prompt", spec.prompt},
-                     {"max_tokens", spec.output_len},
-                     {"temperature", 0},
-                     {"ignore_eos", true},
-                     {"stream", true},
-                     {"stream_options", {{"include_usage", true}}}};
-  httplib::Request req;
-  req.method = "POST";
-  req.path = path;
-  req.body = body.dump();
-  req.set_header("Content-Type", "application/json");
-  req.set_header("Accept", "text/event-stream");
-
-  int status = 0;
-  std::string error_body;  // the body of a non-200 answer
-  SseParser parser;
-  bool done = false;
-  int64_t chunks = 0;
-  std::optional<int64_t> usage_tokens;
-  const Clock::time_point start = Clock::now();
-  Clock::time_point last = start;
-  auto on_event = [&](const std::string& data) {
-    if (!r.error.empty()) return;
-    if (data == "[DONE]") {
-      done = true;
-      return;
-    }
-    const json j = json::parse(data, nullptr, false);
-    if (!j.is_object()) {
-      r.error = "malformed stream event: " + data.substr(0, 200);
-      return;
-    }
-    if (j.contains("error")) {
-      r.error = "error in the stream: " + ErrorMessage(data);
-      return;
-    }
-    if (j.contains("choices") && j["choices"].is_array() && !j["choices"].empty()) {
-      const Clock::time_point now = Clock::now();
-      if (chunks == 0) {
-        r.ttft_s = std::chrono::duration<double>(now - start).count();
-      } else {
-        r.itl_s.push_back(std::chrono::duration<double>(now - last).count());
-      }
-      last = now;
-      ++chunks;
-    }
-    if (j.contains("usage") && j["usage"].is_object()) {
-      const json& u = j["usage"];
-      if (u.contains("completion_tokens") && u["completion_tokens"].is_number_integer()) {
-        usage_tokens = u["completion_tokens"].get<int64_t>();
-      }
-    }
-  };
-  req.response_handler = [&](const httplib::Response& res) {
-    status = res.status;
-    return true;
-  };
-  req.content_receiver = [&](const char* data, size_t size, uint64_t, uint64_t) {
-    if (status != 200) {
-      if (error_body.size() < 4096) error_body.append(data, std::min<size_t>(size, 4096));
-    } else {
-      parser.Feed(data, size, on_event);
-    }
-    return true;
-  };
-  httplib::Response res;
-  httplib::Error error = httplib::Error::Success;
-  const bool sent = client.send(req, res, error);
-  if (status == 200) parser.Finish(on_event);
-
-  if (!sent && status == 0) {
-    r.error = "request failed: " + Describe(error);
-  } else if (status != 200) {
-    r.error = "HTTP " + std::to_string(status) + ": " + ErrorMessage(error_body.empty() ? res.body : error_body);
-  } else if (!sent) {
-    if (r.error.empty()) r.error = "the stream broke off: " + Describe(error);
-  } else if (r.error.empty() && !done) {
-    r.error = "the stream ended without data: [DONE]";
-  } else if (r.error.empty() && chunks == 0) {
-    r.error = "the stream held no completion chunk";
-  }
-  r.success = r.error.empty();
-  r.e2el_s = std::chrono::duration<double>(last - start).count();
-  r.output_tokens = usage_tokens.value_or(chunks);
-  return r;
 }
 
 // One benchmark run: a request list sent at a rate and a concurrency.
@@ -528,7 +281,11 @@ void PrintReport(const json& r, std::ostream& os) {
 class Benchmark {
  public:
   Benchmark(const BenchServeOptions& o, BaseUrl url, ServedModel model)
-      : o_(o), url_(std::move(url)), model_(std::move(model)), path_(url_.prefix + "/v1/completions") {}
+      : o_(o),
+        url_(std::move(url)),
+        settings_{o.api_key, o.timeout_s},
+        model_(std::move(model)),
+        path_(url_.prefix + "/v1/completions") {}
 
   // One request before the run, as vLLM sends: a bad model name, key or length fails here,
   // with the server's own words, rather than as N identical failures.
@@ -538,7 +295,7 @@ class Benchmark {
     // Its own prompt (another seed), so that no request of the run finds it in the prefix cache.
     RequestSpec spec = MakeRequests(probe_options, 1, o_.seed ^ 0x9E3779B97F4A7C15ull).front();
     spec.output_len = 1;
-    auto client = MakeClient(url_, o_);
+    auto client = MakeClient(url_, settings_);
     const RequestResult r = SendRequest(*client, path_, model_.id, spec);
     if (!r.success) return Status::Error("the test request to " + o_.base_url + path_ + " failed: " + r.error);
     return Status::Ok();
@@ -570,7 +327,7 @@ class Benchmark {
     threads.reserve(workers);
     for (int64_t w = 0; w < workers; ++w) {
       threads.emplace_back([&] {
-        auto client = MakeClient(url_, o_);
+        auto client = MakeClient(url_, settings_);
         for (size_t i; (i = next.fetch_add(1)) < requests.size();) {
           std::this_thread::sleep_until(start + std::chrono::duration_cast<Clock::duration>(
                                                     std::chrono::duration<double>(arrival[i])));
@@ -593,6 +350,7 @@ class Benchmark {
  private:
   const BenchServeOptions& o_;
   const BaseUrl url_;
+  const ClientSettings settings_;
   const ServedModel model_;
   const std::string path_;
 };
@@ -655,7 +413,7 @@ int RunBenchServe(BenchServeOptions o) {
   }
   auto url = ParseBaseUrl(o.base_url);
   if (!url.ok()) return Fail(Status::Error("--base-url: " + url.status().message()));
-  auto model = QueryModel(*url, o);
+  auto model = QueryModel(*url, {o.api_key, o.timeout_s}, o.model);
   if (!model.ok()) return Fail(model.status());
   const int64_t longest = LengthRange(o.input_len, o.range_ratio).second + LengthRange(o.output_len, o.range_ratio).second;
   if (model->max_model_len > 0 && longest > model->max_model_len) {
