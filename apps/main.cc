@@ -1,12 +1,14 @@
 #include <iostream>
 
 #include "apps/commands.h"
+#include "base/heap_reuse.h"
 #include "base/log.h"
 #include "base/termination.h"
 
 int main(int argc, char** argv) {
   // Before any thread starts, so that every thread inherits the mask (see termination.h).
   moe::BlockTerminationSignals();
+  moe::ReuseFreedHeapMemory();
   CLI::App app("moe-serve: serves DeepSeek-V3-architecture Mixture-of-Experts models", "moe-serve");
   app.require_subcommand(1);
   bool verbose = false;

@@ -44,6 +44,7 @@
 
 #include "base/cpu_features.h"
 #include "base/thread_pool.h"
+#include "kernels/cpu/amx.h"
 #include "kernels/cpu/avx512.h"
 
 namespace moe::kernels::cpu {
@@ -350,23 +351,12 @@ MOE_AVX512_BF16 void Avx512PairRows(const bf16* x, int64_t m, int64_t stride, co
 }
 
 
-#define MOE_AMX __attribute__((target("amx-tile,amx-bf16")))
-
 // The AMX loops work on groups of 32 weight rows (two A tiles of 16 rows x 32 BF16 values) and
 // blocks of 16 x rows (one B tile per 32 values of k: x^T with its values in pairs, as TDPBF16PS
 // takes B). Tiles 0-3 accumulate [weight rows 0-15 | 16-31] x [x block 0 | 1]; 4 and 5 hold the
 // weight, 6 and 7 the x blocks.
-constexpr int64_t kAmxRows = 16, kAmxGroup = 2 * kAmxRows, kAmxK = 2 * kLanes;
-constexpr int64_t kAmxTileValues = kAmxRows * kAmxK;  // BF16 values in one A or B tile
-
-// LDTILECFG's 64-byte operand: palette 1, every tile 16 rows of 64 bytes.
-struct alignas(64) TileConfig {
-  uint8_t palette = 1;
-  uint8_t start_row = 0;
-  uint8_t reserved[14] = {};
-  uint16_t bytes_per_row[16] = {64, 64, 64, 64, 64, 64, 64, 64};
-  uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
-};
+constexpr int64_t kAmxGroup = 2 * kAmxRows;
+static_assert(kAmxK == 2 * kLanes);
 
 // x rows as B tiles: block b of 16 rows, k-step s at xt + (b * steps + s) * kAmxTileValues, row p
 // holding, for each x row c of the block, its values 32 s + 2p and 32 s + 2p + 1; zeros past m

@@ -3,15 +3,26 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 
 #include "kernels/kernels.h"
 
 namespace moe::kernels::cpu {
 
-// The inner loops of one key block, per ISA. Rows are padded with zeros to a multiple of
-// kLatentLanes floats, so the loops need no tails over the dimension.
+// Rows are padded with zeros to a multiple of kLatentLanes floats, so the loops need no tails over
+// the dimension.
 inline constexpr int64_t kLatentLanes = 16;
+// Keys per tile. Tiles start at multiples of kKeyBlock of the cache, whoever asks.
+inline constexpr int64_t kKeyBlock = 64;
 
+// Where the parts of a padded row sit: [c_kv, 0... | k_pe, 0...].
+struct RowLayout {
+  explicit RowLayout(const LatentAttentionParams& p);
+  int64_t lora;  // the padded width of c_kv, and of the outputs
+  int64_t dim;   // the padded width of a row
+};
+
+// The elementwise inner loops, per ISA.
 struct LatentOps {
   // dst[0..count) = src[0..count) widened to F32.
   void (*widen)(const bf16* src, int64_t count, float* dst);
@@ -31,19 +42,50 @@ struct LatentOps {
   void (*scale)(float* x, int64_t count, float factor);
 };
 
-enum class Isa { kGeneric, kAvx512 };
+const LatentOps& GenericLatentOps();
+const LatentOps& Avx512LatentOps();
+
+// The matrix work on one tile of keys, for a set of query rows (a row: one head of one token):
+// the scores against the tile's keys, and the probability-weighted sum of its rows. Each ISA keeps
+// the queries and the tile in the form its loops want. Whatever the rows, a row's results depend
+// only on that row and the tile: this is what makes a token's output independent of its batch.
+class KeyTileKernel {
+ public:
+  // Output buffers hold the rows rounded up to a multiple of kRowAlign.
+  static constexpr int64_t kRowAlign = 16;
+
+  virtual ~KeyTileKernel() = default;
+  // q: [rows, RowLayout::dim] F32, the padded queries already scaled by scale * log2(e).
+  virtual void SetQueries(const float* q, int64_t rows) = 0;
+  // Cache rows [first, first + count) become the tile, count <= kKeyBlock.
+  virtual void LoadKeys(const float* c_kv, const float* k_pe, int64_t first, int64_t count) = 0;
+  virtual void LoadKeys(const bf16* c_kv, const bf16* k_pe, int64_t first, int64_t count) = 0;
+  // scores [rows, kKeyBlock]: row r against every key of the tile, for rows >= row_begin; the
+  // columns past the tile's count are unspecified.
+  virtual void Scores(int64_t row_begin, float* scores) = 0;
+  // o [rows, RowLayout::lora] += p · tile for rows >= row_begin, where row r of p [rows,
+  // kKeyBlock] weighs the tile's first counts[r] keys and is zero past them.
+  virtual void Accumulate(const float* p, const int64_t* counts, int64_t row_begin, float* o) = 0;
+};
+
+enum class Isa { kGeneric, kAvx512, kAmx };
 
 // The variant this CPU runs best, chosen once.
 Isa BestLatentIsa();
 bool IsaSupported(Isa isa);
 
-const LatentOps& GenericLatentOps();
-const LatentOps& Avx512LatentOps();
+// The tile kernel of `isa` for up to max_rows query rows. kAmx takes BF16 tiles only (over an F32
+// cache it is kAvx512's).
+std::unique_ptr<KeyTileKernel> MakeKeyTileKernel(Isa isa, bool bf16_cache, const LatentAttentionParams& p,
+                                                 int64_t max_rows);
+// The AMX variant (latent_attention_amx.cc): queries and probabilities rounded to BF16, the scores
+// and the weighted sums by TDPBF16PS with F32 accumulation.
+std::unique_ptr<KeyTileKernel> MakeAmxKeyTileKernel(const LatentAttentionParams& p, int64_t max_rows);
 
-// How LatentAttention splits its work among `threads` threads: 1 runs one task per token (its key
-// ranges one after the other); more -- when tokens are fewer than threads and some token's keys
-// are cut into several ranges -- one task per (token, range). The result is the same bits either
-// way: where a token's keys are cut depends only on how many it sees.
+// How LatentAttention splits its work among `threads` threads: 1 runs tasks of a few tokens each
+// (their key ranges one after the other); more -- when tokens are fewer than threads and some
+// token's keys are cut into several ranges -- one task per (token, range). The result is the same
+// bits either way: where a token's keys are cut depends only on how many it sees.
 int64_t KeySplits(const LatentAttentionParams& p, int64_t threads);
 
 // kernels::LatentAttention on a given ISA (which must be supported) with a given work split

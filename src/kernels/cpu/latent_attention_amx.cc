@@ -1,0 +1,235 @@
+// The AMX tile kernel of LatentAttention (see latent_attention.cc for the algorithm), for BF16
+// caches: the scores and the weighted sums of a tile of keys as TDPBF16PS products.
+//
+// Rounding. The cached rows are BF16 already. The queries and the probabilities are F32; each goes
+// into the tiles as two BF16 parts, the value rounded and what that rounding left, rounded again
+// (16 significant bits in all), and both parts are multiplied and summed in F32. One BF16 part
+// alone would cost 2^-9 relative on every score and weight -- measured, up to 4e-3 of the output
+// scale against kernels/ref, and far more on scores of a hundred units -- against the F32
+// kernels' 2^-24; with two, the AMX kernel agrees with them to F32 rounding, and the products,
+// which take a fraction of the kernel's time, double.
+//
+// Forms. Scores: the tile's keys are the A operand as they lie ([key][dim], 16 keys x 32 values
+// per tile), the queries the B operand, transposed once per SetQueries into pairs of values per
+// query row; the product is scores transposed, 16 keys x 16 rows, turned around on the way out.
+// Weighted sums: the probabilities of 16 rows are the A operand ([row][key]), the tile's values the
+// B operand, their keys paired ([key pair][value][2], built once per tile), the outputs 16 rows x
+// 16 values accumulated in place. Each output is computed by the same instructions in the same
+// order whatever the other rows of its tiles hold, so a row does not depend on the others.
+#include "kernels/cpu/latent_attention.h"
+
+#if defined(__x86_64__)
+
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "kernels/cpu/amx.h"
+
+namespace moe::kernels::cpu {
+namespace {
+
+#define MOE_AMX_AVX512 __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw")))
+
+constexpr int64_t kKeyTiles = kKeyBlock / kAmxRows;  // 4 tiles of 16 keys
+constexpr int64_t kPairTiles = kKeyBlock / kAmxK;    // 2 steps of 32 keys
+static_assert(kKeyTiles == 4 && kPairTiles == 2);
+
+int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+// 16 F32 values rounded to BF16, to nearest even (the values here are finite).
+MOE_AMX_AVX512 inline __m256i RoundToBf16(__m512 x) {
+  const __m512i bits = _mm512_castps_si512(x);
+  const __m512i odd = _mm512_and_si512(_mm512_srli_epi32(bits, 16), _mm512_set1_epi32(1));
+  const __m512i rounded = _mm512_add_epi32(bits, _mm512_add_epi32(odd, _mm512_set1_epi32(0x7fff)));
+  return _mm512_cvtepi32_epi16(_mm512_srli_epi32(rounded, 16));
+}
+
+MOE_AMX_AVX512 inline __m512 Widen(__m256i x) {
+  return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(x), 16));
+}
+
+class AmxKeyTileKernel final : public KeyTileKernel {
+ public:
+  AmxKeyTileKernel(const LatentAttentionParams& p, int64_t max_rows)
+      : p_(p),
+        layout_(p),
+        dim_(CeilDiv(layout_.dim, kAmxK) * kAmxK),
+        steps_(dim_ / kAmxK),
+        queries_(CeilDiv(max_rows, kAmxRows) * steps_ * 2 * kAmxTileValues),
+        keys_(kKeyBlock * dim_),
+        values_(kKeyBlock * layout_.lora),
+        probs_(2 * kAmxRows * kKeyBlock) {}
+
+  ~AmxKeyTileKernel() override { Release(); }
+
+  MOE_AMX_AVX512 void SetQueries(const float* q, int64_t rows) override {
+    rows_ = rows;
+    // Block b, step s, part (high, low): row i of the tile holds, for each query row n of the
+    // block, its values 32 s + 2i and 32 s + 2i + 1 as one dword, at column n; the high part is the
+    // value rounded to BF16, the low part what that left, rounded again. Columns past the last row
+    // are zero.
+    const int64_t blocks = CeilDiv(rows, kAmxRows), block_values = steps_ * 2 * kAmxTileValues;
+    if (rows % kAmxRows != 0) {
+      std::fill(queries_.begin() + (blocks - 1) * block_values, queries_.begin() + blocks * block_values, bf16{});
+    }
+    const __m512i tile_rows = _mm512_mullo_epi32(
+        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(kAmxRows));
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* row = q + r * layout_.dim;
+      bf16* block = queries_.data() + r / kAmxRows * block_values + r % kAmxRows * 2;
+      for (int64_t s = 0; s < steps_; ++s) {
+        const int64_t i = s * kAmxK;
+        const __m512 x0 = _mm512_loadu_ps(row + i);
+        const __m512 x1 = i + 16 < layout_.dim ? _mm512_loadu_ps(row + i + 16) : _mm512_setzero_ps();
+        const __m256i h0 = RoundToBf16(x0), h1 = RoundToBf16(x1);
+        const __m256i l0 = RoundToBf16(_mm512_sub_ps(x0, Widen(h0))), l1 = RoundToBf16(_mm512_sub_ps(x1, Widen(h1)));
+        bf16* tile = block + 2 * s * kAmxTileValues;
+        _mm512_i32scatter_epi32(tile, tile_rows, _mm512_inserti64x4(_mm512_castsi256_si512(h0), h1, 1), 4);
+        _mm512_i32scatter_epi32(tile + kAmxTileValues, tile_rows,
+                                _mm512_inserti64x4(_mm512_castsi256_si512(l0), l1, 1), 4);
+      }
+    }
+  }
+
+  void LoadKeys(const float*, const float*, int64_t, int64_t) override {
+    MOE_CHECK(false, "the AMX tile kernel takes BF16 caches only");
+  }
+
+  MOE_AMX_AVX512 void LoadKeys(const bf16* c_kv, const bf16* k_pe, int64_t first, int64_t count) override {
+    // Rows past count keep what an earlier tile left there (finite, zero at first): their scores
+    // are not used and their probabilities are zero.
+    for (int64_t j = 0; j < count; ++j) {
+      bf16* row = keys_.data() + j * dim_;
+      std::memcpy(row, c_kv + (first + j) * p_.kv_lora, p_.kv_lora * sizeof(bf16));
+      std::memcpy(row + layout_.lora, k_pe + (first + j) * p_.rope, p_.rope * sizeof(bf16));
+    }
+    // Values with their keys paired: pair k, value d at values_[(k * lora + d) * 2 + {0, 1}].
+    alignas(64) static constexpr uint16_t kInterleave[32] = {0, 32, 1, 33, 2,  34, 3,  35, 4,  36, 5,
+                                                             37, 6, 38, 7, 39, 8,  40, 9,  41, 10, 42,
+                                                             11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
+    const __m512i interleave = _mm512_load_si512(kInterleave);
+    for (int64_t k = 0; k < CeilDiv(count, 2); ++k) {
+      const bf16* even = keys_.data() + 2 * k * dim_;
+      const bf16* odd = even + dim_;
+      bf16* out = values_.data() + k * layout_.lora * 2;
+      for (int64_t d = 0; d < layout_.lora; d += 16) {
+        const __m512i a = _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(even + d)));
+        const __m512i b = _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(odd + d)));
+        _mm512_storeu_si512(out + 2 * d, _mm512_permutex2var_epi16(a, interleave, b));
+      }
+    }
+  }
+
+  MOE_AMX_AVX512 void Scores(int64_t row_begin, float* scores) override {
+    Configure();
+    alignas(64) float block[kKeyTiles][kAmxRows][kAmxRows];  // [key tile][key][row]
+    const int64_t key_bytes = dim_ * sizeof(bf16);
+    for (int64_t b = row_begin / kAmxRows; b < CeilDiv(rows_, kAmxRows); ++b) {
+      const bf16* qb = queries_.data() + b * steps_ * 2 * kAmxTileValues;
+      _tile_zero(0);
+      _tile_zero(1);
+      _tile_zero(2);
+      _tile_zero(3);
+      for (int64_t s = 0; s < steps_; ++s) {
+        _tile_loadd(5, qb + 2 * s * kAmxTileValues, kAmxK * sizeof(bf16));
+        _tile_loadd(6, qb + (2 * s + 1) * kAmxTileValues, kAmxK * sizeof(bf16));
+        const bf16* keys = keys_.data() + s * kAmxK;
+        _tile_loadd(4, keys, key_bytes);
+        _tile_dpbf16ps(0, 4, 5);
+        _tile_dpbf16ps(0, 4, 6);
+        _tile_loadd(4, keys + kAmxRows * dim_, key_bytes);
+        _tile_dpbf16ps(1, 4, 5);
+        _tile_dpbf16ps(1, 4, 6);
+        _tile_loadd(4, keys + 2 * kAmxRows * dim_, key_bytes);
+        _tile_dpbf16ps(2, 4, 5);
+        _tile_dpbf16ps(2, 4, 6);
+        _tile_loadd(4, keys + 3 * kAmxRows * dim_, key_bytes);
+        _tile_dpbf16ps(3, 4, 5);
+        _tile_dpbf16ps(3, 4, 6);
+      }
+      constexpr int kStride = kAmxRows * sizeof(float);
+      _tile_stored(0, block[0], kStride);
+      _tile_stored(1, block[1], kStride);
+      _tile_stored(2, block[2], kStride);
+      _tile_stored(3, block[3], kStride);
+      for (int64_t n = 0; n < kAmxRows; ++n) {
+        float* row = scores + (b * kAmxRows + n) * kKeyBlock;
+        for (int64_t t = 0; t < kKeyTiles; ++t) {
+          for (int64_t key = 0; key < kAmxRows; ++key) row[t * kAmxRows + key] = block[t][key][n];
+        }
+      }
+    }
+  }
+
+  MOE_AMX_AVX512 void Accumulate(const float* p, const int64_t*, int64_t row_begin, float* o) override {
+    Configure();
+    const int64_t o_bytes = layout_.lora * sizeof(float), v_bytes = 2 * layout_.lora * sizeof(bf16);
+    for (int64_t b = row_begin / kAmxRows; b < CeilDiv(rows_, kAmxRows); ++b) {
+      // This block's probabilities as BF16 high and low parts; rows of finished tokens and past
+      // the last row weigh 0.
+      bf16* low = probs_.data() + kAmxRows * kKeyBlock;
+      for (int64_t n = 0; n < kAmxRows; ++n) {
+        const int64_t r = b * kAmxRows + n;
+        for (int64_t j = 0; j < kKeyBlock; j += 16) {
+          const __m512 x = r >= row_begin && r < rows_ ? _mm512_loadu_ps(p + r * kKeyBlock + j) : _mm512_setzero_ps();
+          const __m256i high = RoundToBf16(x);
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(probs_.data() + n * kKeyBlock + j), high);
+          _mm256_storeu_si256(reinterpret_cast<__m256i*>(low + n * kKeyBlock + j),
+                              RoundToBf16(_mm512_sub_ps(x, Widen(high))));
+        }
+      }
+      constexpr int kProbBytes = kKeyBlock * sizeof(bf16);
+      _tile_loadd(1, probs_.data(), kProbBytes);
+      _tile_loadd(2, probs_.data() + kAmxK, kProbBytes);
+      _tile_loadd(5, low, kProbBytes);
+      _tile_loadd(6, low + kAmxK, kProbBytes);
+      float* ob = o + b * kAmxRows * layout_.lora;
+      for (int64_t d = 0; d < layout_.lora; d += kAmxRows) {
+        _tile_loadd(0, ob + d, o_bytes);
+        _tile_loadd(3, values_.data() + 2 * d, v_bytes);
+        _tile_loadd(4, values_.data() + (kAmxRows * layout_.lora + d) * 2, v_bytes);
+        _tile_dpbf16ps(0, 1, 3);
+        _tile_dpbf16ps(0, 5, 3);
+        _tile_dpbf16ps(0, 2, 4);
+        _tile_dpbf16ps(0, 6, 4);
+        _tile_stored(0, ob + d, o_bytes);
+      }
+    }
+  }
+
+ private:
+  MOE_AMX void Configure() {
+    static const TileConfig config;
+    _tile_loadconfig(&config);
+  }
+  MOE_AMX void Release() { _tile_release(); }
+
+  const LatentAttentionParams p_;
+  const RowLayout layout_;
+  const int64_t dim_;    // the padded row, a multiple of kAmxK
+  const int64_t steps_;  // of kAmxK values over dim_
+  std::vector<bf16> queries_;  // B tiles: [row block][step][high, low]
+  std::vector<bf16> keys_;     // [kKeyBlock, dim_], zeros in the padding
+  std::vector<bf16> values_;   // [kKeyBlock / 2, lora, 2]
+  std::vector<bf16> probs_;    // [high, low][kAmxRows, kKeyBlock]: one row block's A tiles
+  int64_t rows_ = 0;
+};
+
+static_assert(kPairTiles * kAmxK == kKeyBlock);
+
+}  // namespace
+
+std::unique_ptr<KeyTileKernel> MakeAmxKeyTileKernel(const LatentAttentionParams& p, int64_t max_rows) {
+  return std::make_unique<AmxKeyTileKernel>(p, max_rows);
+}
+
+}  // namespace moe::kernels::cpu
+
+#else  // not x86-64: IsaSupported(kAmx) is false and this is never called.
+
+namespace moe::kernels::cpu {
+std::unique_ptr<KeyTileKernel> MakeAmxKeyTileKernel(const LatentAttentionParams&, int64_t) { return nullptr; }
+}  // namespace moe::kernels::cpu
+
+#endif
