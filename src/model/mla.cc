@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <vector>
 
@@ -109,27 +110,28 @@ void AbsorbedAttention(const AttentionWeights& w, const ModelConfig& c, const fl
                        int64_t start, const LayerKvCache& cache, float* out) {
   const int64_t heads = c.num_attention_heads, nope = c.qk_nope_head_dim, rope = c.qk_rope_head_dim;
   const int64_t vdim = c.v_head_dim, lora = c.kv_lora_rank, qk = nope + rope;
-  std::vector<float> q_lat(tokens * heads * lora), q_pe(tokens * heads * rope);
+  const auto q_lat = std::make_unique_for_overwrite<float[]>(tokens * heads * lora);
+  const auto q_pe = std::make_unique_for_overwrite<float[]>(tokens * heads * rope);
   // Per head, a GEMM too small to split across threads: the threads split the heads.
   const int64_t in_floats = tokens * std::max(nope, lora), out_floats = tokens * std::max(lora, vdim);
   ForEachHead(heads, in_floats, out_floats, [&](int64_t h, float* head_in, float* head_out) {
     CopyColumns(q, tokens, heads * qk, h * qk, nope, head_in, nope);
     kernels::Matmul(head_in, tokens, w.k_absorb[h].view(), head_out);
-    CopyColumns(head_out, tokens, lora, 0, lora, q_lat.data() + h * lora, heads * lora);
-    CopyColumns(q, tokens, heads * qk, h * qk + nope, rope, q_pe.data() + h * rope, heads * rope);
+    CopyColumns(head_out, tokens, lora, 0, lora, q_lat.get() + h * lora, heads * lora);
+    CopyColumns(q, tokens, heads * qk, h * qk + nope, rope, q_pe.get() + h * rope, heads * rope);
   });
-  std::vector<float> o_lat(tokens * heads * lora);
+  const auto o_lat = std::make_unique_for_overwrite<float[]>(tokens * heads * lora);
   kernels::LatentAttentionParams p{tokens, start + tokens, heads, lora, rope, start,
                                    static_cast<float>(c.SoftmaxScale())};
   if (cache.dtype() == DType::kF32) {
-    kernels::LatentAttention(q_lat.data(), q_pe.data(), cache.c_kv.data<float>(), cache.k_pe.data<float>(), p,
-                             o_lat.data());
+    kernels::LatentAttention(q_lat.get(), q_pe.get(), cache.c_kv.data<float>(), cache.k_pe.data<float>(), p,
+                             o_lat.get());
   } else {
-    kernels::LatentAttention(q_lat.data(), q_pe.data(), cache.c_kv.data<bf16>(), cache.k_pe.data<bf16>(), p,
-                             o_lat.data());
+    kernels::LatentAttention(q_lat.get(), q_pe.get(), cache.c_kv.data<bf16>(), cache.k_pe.data<bf16>(), p,
+                             o_lat.get());
   }
   ForEachHead(heads, in_floats, out_floats, [&](int64_t h, float* head_in, float* head_out) {
-    CopyColumns(o_lat.data(), tokens, heads * lora, h * lora, lora, head_in, lora);
+    CopyColumns(o_lat.get(), tokens, heads * lora, h * lora, lora, head_in, lora);
     kernels::Matmul(head_in, tokens, w.v_absorb[h].view(), head_out);
     CopyColumns(head_out, tokens, vdim, 0, vdim, out + h * vdim, heads * vdim);
   });
@@ -152,16 +154,16 @@ void MlaForward(const AttentionWeights& w, const ModelConfig& c, const Rope& rop
     rows += s.tokens;
   }
 
-  std::vector<float> q(rows * heads * qk);
+  const auto q = std::make_unique_for_overwrite<float[]>(rows * heads * qk);
   if (c.q_lora_rank) {
     std::vector<float> q_latent(rows * *c.q_lora_rank);
     kernels::Matmul(x, rows, w.q_a.view(), q_latent.data());
     kernels::RmsNorm(q_latent.data(), w.q_a_norm.data<float>(), rows, *c.q_lora_rank, eps, q_latent.data());
-    kernels::Matmul(q_latent.data(), rows, w.q_b.view(), q.data());
+    kernels::Matmul(q_latent.data(), rows, w.q_b.view(), q.get());
   } else {
-    kernels::Matmul(x, rows, w.q_proj.view(), q.data());
+    kernels::Matmul(x, rows, w.q_proj.view(), q.get());
   }
-  kernels::ApplyRope(q.data() + c.qk_nope_head_dim, rows, heads, heads * qk, qk, positions.data(), rope.params());
+  kernels::ApplyRope(q.get() + c.qk_nope_head_dim, rows, heads, heads * qk, qk, positions.data(), rope.params());
 
   // The new latents, normalized and rotated in F32, then rounded once into the cache.
   std::vector<float> kv(rows * (lora + rope_dim)), c_kv(rows * lora), k_pe(rows * rope_dim);
@@ -182,15 +184,15 @@ void MlaForward(const AttentionWeights& w, const ModelConfig& c, const Rope& rop
     }
   }
 
-  std::vector<float> attn(rows * heads * c.v_head_dim);
+  const auto attn = std::make_unique_for_overwrite<float[]>(rows * heads * c.v_head_dim);
   std::vector<int64_t> first_row(sequences.size());
   for (size_t i = 0, r = 0; i < sequences.size(); r += sequences[i].tokens, ++i) first_row[i] = static_cast<int64_t>(r);
   auto attend = [&](size_t i) {
     const MlaSequence& s = sequences[i];
     std::optional<LayerKvCache> gathered;
     const LayerKvCache& view = ContiguousRows(cache, s.block_table, block_size, s.start + s.tokens, gathered);
-    const float* sq = q.data() + first_row[i] * heads * qk;
-    float* so = attn.data() + first_row[i] * heads * c.v_head_dim;
+    const float* sq = q.get() + first_row[i] * heads * qk;
+    float* so = attn.get() + first_row[i] * heads * c.v_head_dim;
     if (s.form == AttentionForm::kExpanded) {
       ExpandedAttention(w, c, sq, s.tokens, s.start, view, so);
     } else {
@@ -210,7 +212,7 @@ void MlaForward(const AttentionWeights& w, const ModelConfig& c, const Rope& rop
   ParallelFor(static_cast<int64_t>(decodes.size()), [&](int64_t begin, int64_t end) {
     for (int64_t j = begin; j < end; ++j) attend(decodes[j]);
   });
-  kernels::Matmul(attn.data(), rows, w.o_proj.view(), out);
+  kernels::Matmul(attn.get(), rows, w.o_proj.view(), out);
 }
 
 void MlaForward(const AttentionWeights& w, const ModelConfig& c, const Rope& rope, const float* x, int64_t tokens,

@@ -1,27 +1,38 @@
 #include "model/mlp.h"
 
-#include <vector>
+#include <memory>
 
 #include "kernels/kernels.h"
 
 namespace moe {
 
 void MlpForward(const MlpWeights& w, const float* x, int64_t tokens, float* out) {
+  if (w.gate.weight.dtype() == DType::kI8) {
+    // Gate and up read the same activations: quantize them once.
+    const int64_t hidden = w.gate.weight.dim(1);
+    const auto x_int8 = std::make_unique_for_overwrite<int8_t[]>(tokens * hidden);
+    const auto x_scales = std::make_unique_for_overwrite<float[]>(tokens);
+    kernels::QuantizeRows(x, tokens, hidden, x_int8.get(), x_scales.get());
+    MlpForwardQuantized(w, x_int8.get(), x_scales.get(), tokens, out);
+    return;
+  }
   const int64_t width = w.gate.rows();
-  std::vector<float> gate(tokens * width), up(tokens * width);
-  kernels::Matmul(x, tokens, w.gate.view(), gate.data());
-  kernels::Matmul(x, tokens, w.up.view(), up.data());
-  kernels::SiluMul(gate.data(), up.data(), tokens * width, gate.data());
-  kernels::Matmul(gate.data(), tokens, w.down.view(), out);
+  const auto gate = std::make_unique_for_overwrite<float[]>(tokens * width);
+  const auto up = std::make_unique_for_overwrite<float[]>(tokens * width);
+  kernels::Matmul(x, tokens, w.gate.view(), gate.get());
+  kernels::Matmul(x, tokens, w.up.view(), up.get());
+  kernels::SiluMul(gate.get(), up.get(), tokens * width, gate.get());
+  kernels::Matmul(gate.get(), tokens, w.down.view(), out);
 }
 
 void MlpForwardQuantized(const MlpWeights& w, const int8_t* x, const float* x_scales, int64_t tokens, float* out) {
   const int64_t width = w.gate.rows();
-  std::vector<float> gate(tokens * width), up(tokens * width);
-  kernels::MatmulQuantized(x, x_scales, tokens, w.gate.view(), gate.data());
-  kernels::MatmulQuantized(x, x_scales, tokens, w.up.view(), up.data());
-  kernels::SiluMul(gate.data(), up.data(), tokens * width, gate.data());
-  kernels::Matmul(gate.data(), tokens, w.down.view(), out);
+  const auto gate = std::make_unique_for_overwrite<float[]>(tokens * width);
+  const auto up = std::make_unique_for_overwrite<float[]>(tokens * width);
+  kernels::MatmulQuantized(x, x_scales, tokens, w.gate.view(), gate.get());
+  kernels::MatmulQuantized(x, x_scales, tokens, w.up.view(), up.get());
+  kernels::SiluMul(gate.get(), up.get(), tokens * width, gate.get());
+  kernels::Matmul(gate.get(), tokens, w.down.view(), out);
 }
 
 }  // namespace moe

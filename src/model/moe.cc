@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <numeric>
 #include <vector>
 
@@ -107,7 +108,7 @@ class LocalPending final : public PendingExperts {
     }
     // Each expert whole on one thread, the threads taking the experts between them: an expert
     // gets a few rows each step, too little work to split one expert's GEMMs across threads.
-    std::vector<float> results(total * hidden);
+    const auto results = std::make_unique_for_overwrite<float[]>(total * hidden);
     ParallelFor(static_cast<int64_t>(active.size()), [&](int64_t begin, int64_t end) {
       std::vector<float> rows;
       for (int64_t i = begin; i < end; ++i) {
@@ -117,7 +118,7 @@ class LocalPending final : public PendingExperts {
         for (int64_t r = 0; r < m; ++r) {
           std::memcpy(&rows[r * hidden], x_ + batch[r].first * hidden, hidden * sizeof(float));
         }
-        MlpForward(moe_.experts[active[i]], rows.data(), m, &results[first[i] * hidden]);
+        MlpForward(moe_.experts[active[i]], rows.data(), m, results.get() + first[i] * hidden);
       }
     });
     // Each token's sum in ascending expert order; threads split the hidden dimension.
@@ -126,7 +127,7 @@ class LocalPending final : public PendingExperts {
       for (size_t i = 0; i < active.size(); ++i) {
         const auto& batch = assigned_[active[i]];
         for (size_t r = 0; r < batch.size(); ++r) {
-          const float* src = &results[(first[i] + static_cast<int64_t>(r)) * hidden];
+          const float* src = results.get() + (first[i] + static_cast<int64_t>(r)) * hidden;
           float* dst = out + batch[r].first * hidden;
           for (int64_t d = d_begin; d < d_end; ++d) dst[d] += batch[r].second * src[d];
         }
@@ -153,8 +154,8 @@ std::unique_ptr<PendingExperts> LocalExpertBackend::Start(const MoeWeights& moe,
 void AddSharedExperts(const MoeWeights& w, const float* x, int64_t tokens, float* out) {
   if (!w.shared) return;
   const int64_t hidden = w.router.dim(1);
-  std::vector<float> shared(tokens * hidden);
-  MlpForward(*w.shared, x, tokens, shared.data());
+  const auto shared = std::make_unique_for_overwrite<float[]>(tokens * hidden);
+  MlpForward(*w.shared, x, tokens, shared.get());
   for (int64_t i = 0; i < tokens * hidden; ++i) out[i] += shared[i];
 }
 

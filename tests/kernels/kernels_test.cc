@@ -140,6 +140,17 @@ TEST(SiluMulTest, MatchesReference) {
   ExpectNear(y, want, 1e-5f);
 }
 
+TEST(SiluMulTest, ExtremeGatesStayFinite) {
+  // e^-g overflows for very negative gates: silu goes to -0, not NaN; large gates pass through.
+  std::vector<float> g = {-200.0f, -100.0f, -88.0f, -20.0f, 0.0f, 20.0f, 88.0f, 100.0f, 200.0f};
+  g.resize(37, -150.0f);  // a whole vector and a tail
+  const std::vector<float> u(g.size(), 2.0f);
+  std::vector<float> y(g.size()), want(g.size());
+  SiluMul(g.data(), u.data(), static_cast<int64_t>(g.size()), y.data());
+  ref::SiluMul(g.data(), u.data(), static_cast<int64_t>(g.size()), want.data());
+  ExpectNear(y, want, 1e-5f);
+}
+
 TEST(RopeTest, MatchesReferenceAndPreservesNorm) {
   const int64_t tokens = 9, heads = 3, dim = 8, stride = heads * (dim + 2);
   std::vector<double> inv_freq = {1.0, 0.1, 0.01, 0.001};

@@ -1,11 +1,13 @@
 // Row-wise kernels, split over the thread pool by rows.
 #include <algorithm>
 #include <cmath>
+#include <numbers>
 #include <vector>
 
 #include "base/cpu_features.h"
 #include "base/thread_pool.h"
 #include "kernels/cpu/avx512.h"
+#include "kernels/cpu/avx512_exp2.h"
 #include "kernels/kernels.h"
 
 namespace moe::kernels {
@@ -41,6 +43,26 @@ MOE_AVX512 void QuantizeRowAvx512(const float* x, int64_t cols, int8_t* q, float
 }
 #endif
 
+void SiluMulRange(const float* gate, const float* up, int64_t begin, int64_t end, float* y) {
+  for (int64_t i = begin; i < end; ++i) y[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
+}
+
+#if defined(__x86_64__)
+// e^-g as 2^(-g log2(e)) on 16 values at once; libm's expf, a call per value, was ~4% of a
+// 2048-token prefill.
+MOE_AVX512 void SiluMulRangeAvx512(const float* gate, const float* up, int64_t begin, int64_t end, float* y) {
+  constexpr int64_t kLanes = 16;
+  const __m512 minus_log2e = _mm512_set1_ps(-std::numbers::log2e_v<float>), one = _mm512_set1_ps(1.0f);
+  int64_t i = begin;
+  for (; i + kLanes <= end; i += kLanes) {
+    const __m512 g = _mm512_loadu_ps(gate + i);
+    const __m512 denominator = _mm512_add_ps(one, cpu::Exp2(_mm512_mul_ps(g, minus_log2e)));
+    _mm512_storeu_ps(y + i, _mm512_mul_ps(_mm512_div_ps(g, denominator), _mm512_loadu_ps(up + i)));
+  }
+  SiluMulRange(gate, up, i, end, y);
+}
+#endif
+
 }  // namespace
 
 void RmsNorm(const float* x, const float* weight, int64_t rows, int64_t dim, float eps, float* y) {
@@ -68,11 +90,14 @@ void QuantizeRows(const float* x, int64_t rows, int64_t cols, int8_t* q, float* 
 }
 
 void SiluMul(const float* gate, const float* up, int64_t n, float* y) {
+#if defined(__x86_64__)
+  static const auto silu_mul = GetCpuFeatures().avx512f ? SiluMulRangeAvx512 : SiluMulRange;
+#else
+  constexpr auto silu_mul = SiluMulRange;
+#endif
   constexpr int64_t kChunk = 4096;
   ParallelFor((n + kChunk - 1) / kChunk, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin * kChunk; i < std::min(n, end * kChunk); ++i) {
-      y[i] = gate[i] / (1.0f + std::exp(-gate[i])) * up[i];
-    }
+    silu_mul(gate, up, begin * kChunk, std::min(n, end * kChunk), y);
   });
 }
 

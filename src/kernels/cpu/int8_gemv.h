@@ -19,7 +19,9 @@ bool Int8GemvSupported();
 void Int8Gemv(const int8_t* x, int64_t m, const int8_t* w, int64_t n, int64_t k, int32_t* y);
 
 // The same products by oneDNN's GEMM (matmul.cc) on `packed`, the weight as PackMatmulWeight lays
-// it out: what Matmul runs above kInt8GemvMaxRows rows.
-void Int8GemmPacked(const int8_t* x, int64_t m, int64_t k, int64_t n, const void* packed, int32_t* y);
+// it out: what Matmul runs above kInt8GemvMaxRows rows. Returns where they are: y, or, when m is
+// not a size the GEMM was built for, the first m rows of a buffer of this thread that the next
+// call reuses.
+const int32_t* Int8GemmPacked(const int8_t* x, int64_t m, int64_t k, int64_t n, const void* packed, int32_t* y);
 
 }  // namespace moe::kernels::cpu

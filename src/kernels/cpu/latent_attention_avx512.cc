@@ -5,9 +5,9 @@
 #if defined(__x86_64__)
 
 #include "kernels/cpu/avx512.h"
+#include "kernels/cpu/avx512_exp2.h"
 
 #include <algorithm>
-#include <numbers>
 
 namespace moe::kernels::cpu {
 namespace {
@@ -21,30 +21,6 @@ MOE_AVX512 inline float Sum(__m512 v) {
   v = _mm512_add_ps(v, _mm512_permute_ps(v, _MM_SHUFFLE(1, 0, 3, 2)));
   v = _mm512_add_ps(v, _mm512_permute_ps(v, _MM_SHUFFLE(2, 3, 0, 1)));
   return _mm512_cvtss_f32(v);
-}
-
-// The Taylor coefficient ln(2)^k / k! of 2^f = e^(f ln 2).
-constexpr float Exp2Coefficient(int k) {
-  double c = 1.0;
-  for (int i = 1; i <= k; ++i) c *= std::numbers::ln2 / i;
-  return static_cast<float>(c);
-}
-
-// 2^x: x = i + f with i an integer and |f| <= 1/2; 2^f by its Taylor series to degree 7, whose
-// remainder, below (ln(2) / 2)^8 / 8! * 2^(1/2) < 1e-8 relative, is under float rounding; 2^i by
-// vscalefps, which goes down to denormals and zero for any i, so very negative x need no clamp.
-MOE_AVX512 inline __m512 Exp2(__m512 x) {
-  const __m512 i = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  const __m512 f = _mm512_sub_ps(x, i);
-  __m512 p = _mm512_set1_ps(Exp2Coefficient(7));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(Exp2Coefficient(6)));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(Exp2Coefficient(5)));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(Exp2Coefficient(4)));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(Exp2Coefficient(3)));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(Exp2Coefficient(2)));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(Exp2Coefficient(1)));
-  p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
-  return _mm512_scalef_ps(p, i);
 }
 
 __mmask16 TailMask(int64_t n) { return static_cast<__mmask16>((1u << n) - 1); }

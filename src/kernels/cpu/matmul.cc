@@ -6,9 +6,11 @@
 // model's expert shapes (AMX brgemm; bench/RESULTS.md), because the plain one repacks the weight
 // on every call. I8 weights at up to kInt8GemvMaxRows rows skip oneDNN for Int8Gemv, which streams
 // the plain weight faster (int8_gemv.h).
+#include <algorithm>
 #include <bit>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <tuple>
 #include <vector>
@@ -122,15 +124,17 @@ const MatmulPrimitive& GetPackedPrimitive(int64_t k, int64_t n, int64_t rows) {
 
 }  // namespace
 
-void cpu::Int8GemmPacked(const int8_t* src, int64_t m, int64_t k, int64_t n, const void* packed, int32_t* y) {
+const int32_t* cpu::Int8GemmPacked(const int8_t* src, int64_t m, int64_t k, int64_t n, const void* packed,
+                                   int32_t* y) {
   const int64_t rows = RowBucket(m);
   thread_local std::vector<int8_t> padded_src;
   thread_local std::vector<int32_t> padded_dst;
   void* a = const_cast<int8_t*>(src);
-  void* c = y;
+  int32_t* c = y;
   if (rows != m) {
-    padded_src.assign(rows * k, 0);
+    padded_src.resize(rows * k);
     std::memcpy(padded_src.data(), src, m * k);
+    std::fill(padded_src.begin() + m * k, padded_src.end(), int8_t{0});
     padded_dst.resize(rows * n);
     a = padded_src.data();
     c = padded_dst.data();
@@ -138,7 +142,7 @@ void cpu::Int8GemmPacked(const int8_t* src, int64_t m, int64_t k, int64_t n, con
   const MatmulPrimitive& p = GetPackedPrimitive(k, n, rows);
   Run(p, memory(p.src, CpuEngine(), a), memory(p.weights, CpuEngine(), const_cast<void*>(packed)),
       memory(p.dst, CpuEngine(), c));
-  if (c != y) std::memcpy(y, c, m * n * sizeof(int32_t));
+  return c;
 }
 
 namespace {
@@ -156,13 +160,16 @@ void ExecutePlain(const void* src, int64_t m, const TensorView& w, float* y) {
 void Execute(const void* src, const float* src_scales, int64_t m, const Weight& weight, float* y) {
   const TensorView& w = weight.data;
   const int64_t n = w.dim(0), k = w.dim(1);
-  // INT32 results go to y's own storage, then are scaled in place.
+  // INT32 results go to y's own storage (or, from a padded GEMM, to a buffer of this thread), then
+  // are scaled into y.
   static_assert(sizeof(int32_t) == sizeof(float));
+  const int32_t* products = reinterpret_cast<const int32_t*>(y);
   if (w.dtype == DType::kI8 && m <= cpu::kInt8GemvMaxRows && cpu::Int8GemvSupported()) {
     cpu::Int8Gemv(static_cast<const int8_t*>(src), m, w.as<int8_t>(), n, k, reinterpret_cast<int32_t*>(y));
   } else if (weight.packed) {
     MOE_CHECK(w.dtype == DType::kI8, "only I8 weights are packed");
-    cpu::Int8GemmPacked(static_cast<const int8_t*>(src), m, k, n, weight.packed, reinterpret_cast<int32_t*>(y));
+    products = cpu::Int8GemmPacked(static_cast<const int8_t*>(src), m, k, n, weight.packed,
+                                   reinterpret_cast<int32_t*>(y));
   } else {
     ExecutePlain(src, m, w, y);
   }
@@ -170,10 +177,9 @@ void Execute(const void* src, const float* src_scales, int64_t m, const Weight& 
   if (w.dtype == DType::kI8) {
     ParallelFor(m, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
+        const int32_t* in = products + i * n;
         float* row = y + i * n;
-        for (int64_t j = 0; j < n; ++j) {
-          row[j] = static_cast<float>(std::bit_cast<int32_t>(row[j])) * src_scales[i] * weight.row_scales[j];
-        }
+        for (int64_t j = 0; j < n; ++j) row[j] = static_cast<float>(in[j]) * src_scales[i] * weight.row_scales[j];
       }
     });
   }
@@ -205,10 +211,10 @@ void Matmul(const float* x, int64_t m, const Weight& weight, float* y) {
     });
     Execute(x_bf16.data(), nullptr, m, weight, y);
   } else if (w.dtype == DType::kI8) {
-    std::vector<int8_t> x_int8(m * k);
-    std::vector<float> x_scales(m);
-    QuantizeRows(x, m, k, x_int8.data(), x_scales.data());
-    Execute(x_int8.data(), x_scales.data(), m, weight, y);
+    const auto x_int8 = std::make_unique_for_overwrite<int8_t[]>(m * k);
+    const auto x_scales = std::make_unique_for_overwrite<float[]>(m);
+    QuantizeRows(x, m, k, x_int8.get(), x_scales.get());
+    Execute(x_int8.get(), x_scales.get(), m, weight, y);
   } else {
     Execute(x, nullptr, m, weight, y);
   }
