@@ -106,19 +106,36 @@ class LocalPending final : public PendingExperts {
       first.push_back(total);
       total += static_cast<int64_t>(assigned_[e].size());
     }
+    // INT8 experts take each token quantized once, not once per expert it goes to.
+    const bool int8 = !active.empty() && moe_.experts[active[0]].gate.weight.dtype() == DType::kI8;
+    std::vector<int8_t> x_int8(int8 ? tokens_ * hidden : 0);
+    std::vector<float> x_scales(int8 ? tokens_ : 0);
+    if (int8) kernels::QuantizeRows(x_, tokens_, hidden, x_int8.data(), x_scales.data());
     // Each expert whole on one thread, the threads taking the experts between them: an expert
     // gets a few rows each step, too little work to split one expert's GEMMs across threads.
     const auto results = std::make_unique_for_overwrite<float[]>(total * hidden);
     ParallelFor(static_cast<int64_t>(active.size()), [&](int64_t begin, int64_t end) {
-      std::vector<float> rows;
+      std::vector<float> rows, scales;
+      std::vector<int8_t> rows_int8;
       for (int64_t i = begin; i < end; ++i) {
         const auto& batch = assigned_[active[i]];
         const auto m = static_cast<int64_t>(batch.size());
+        float* y = results.get() + first[i] * hidden;
+        if (int8) {
+          rows_int8.resize(m * hidden);
+          scales.resize(m);
+          for (int64_t r = 0; r < m; ++r) {
+            std::memcpy(&rows_int8[r * hidden], &x_int8[batch[r].first * hidden], hidden);
+            scales[r] = x_scales[batch[r].first];
+          }
+          MlpForwardQuantized(moe_.experts[active[i]], rows_int8.data(), scales.data(), m, y);
+          continue;
+        }
         rows.resize(m * hidden);
         for (int64_t r = 0; r < m; ++r) {
           std::memcpy(&rows[r * hidden], x_ + batch[r].first * hidden, hidden * sizeof(float));
         }
-        MlpForward(moe_.experts[active[i]], rows.data(), m, results.get() + first[i] * hidden);
+        MlpForward(moe_.experts[active[i]], rows.data(), m, y);
       }
     });
     // Each token's sum in ascending expert order; threads split the hidden dimension.

@@ -431,7 +431,9 @@ bool IsaSupported(Isa isa) {
 }
 
 Isa BestLatentIsa() {
-  static const Isa isa = IsaSupported(Isa::kAmx) ? Isa::kAmx : IsaSupported(Isa::kAvx512) ? Isa::kAvx512 : Isa::kGeneric;
+  static const Isa isa = IsaSupported(Isa::kAmx)      ? Isa::kAmx
+                         : IsaSupported(Isa::kAvx512) ? Isa::kAvx512
+                                                      : Isa::kGeneric;
   return isa;
 }
 
