@@ -230,13 +230,10 @@ def model_figures(cfg, dtype):
             layers = add(layers, (k * experts[0], k * experts[1]))
             if ns:
                 layers = add(layers, mlp(ns * mi))
-    head_bytes = V * H * (2 if dtype in ("w8a8", "bf16") else 4)  # lm_head BF16 under w8a8
+    head_bytes = linear(V, H)[0]  # the lm_head in the run dtype (INT8 under w8a8)
     decode_bytes = layers[0] + head_bytes + H * 4 + H * 4  # + final norm + one embedding row
-    # lm_head in INT8, for what that choice costs.
-    decode_bytes_i8_head = layers[0] + V * H + V * 4 + 8 * H
     kv_bytes_per_ctx_token = L * (kvl + rope) * (4 if dtype == "f32" else 2)
     return {"decode_weight_bytes": decode_bytes, "lm_head_bytes": head_bytes,
-            "decode_weight_bytes_int8_head": decode_bytes_i8_head if dtype == "w8a8" else None,
             "active_linear_params": layers[1], "latent_cache_bytes_per_context_token": kv_bytes_per_ctx_token}
 
 

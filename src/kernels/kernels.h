@@ -32,12 +32,18 @@ void Matmul(const float* x, int64_t m, const Weight& w, float* y);
 // same result as Matmul of the rows they came from.
 void MatmulQuantized(const int8_t* x, const float* x_scales, int64_t m, const Weight& w, float* y);
 
+// Matmul of I8 weights whose activation rows go in as two INT8 parts: the row quantized, then what
+// that left, quantized again (about 14 significant bits instead of 7), each part's products summed
+// exactly in INT32 and the two added. For the lm_head, whose logits INT8 activations alone blur;
+// rows are independent of each other to the bit, as in every INT8 GEMM.
+void MatmulTwoPart(const float* x, int64_t m, const Weight& w, float* y);
+
 // Matmul whose rows are independent of each other to the bit: each y[r, j] sums its k products in
 // one fixed order, whatever m, the row's place in the batch or the thread count (oneDNN orders
 // its F32 and BF16 sums differently for different m). For the GEMMs outside W8A8's exact INT8
-// path -- the router and lm_head -- so that a request's logits do not depend on its batch. F32 or
-// BF16 weights (activations rounded to BF16, as Matmul does); I8 weights go to Matmul, already
-// exact. Its oracle is ref::Matmul.
+// path -- the router, and the lm_head of F32 and BF16 runs -- so that a request's logits do not
+// depend on its batch. F32 or BF16 weights (activations rounded to BF16, as Matmul does); I8
+// weights go to Matmul, already exact. Its oracle is ref::Matmul.
 void BatchInvariantMatmul(const float* x, int64_t m, const Weight& w, float* y);
 
 // Symmetric per-row INT8 quantization: scales[r] = max|x[r]| / 127 and q = round(x / scales[r]),

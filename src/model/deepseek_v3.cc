@@ -7,6 +7,23 @@
 #include "model/mlp.h"
 
 namespace moe {
+namespace {
+
+// Logits [rows, vocab] of the final hidden states, each row independent of the batch to the bit:
+// an INT8 head through the exact INT32 GEMM, its activations in two INT8 parts (INT8 alone cost the
+// logits most of their accuracy: tests/model/quantized_accuracy_test.cc), an F32 or BF16 one summed
+// in a fixed order.
+Tensor HeadLogits(const Linear& head, const float* hidden, int64_t rows) {
+  Tensor logits = Tensor::F32({rows, head.rows()});
+  if (head.weight.dtype() == DType::kI8) {
+    kernels::MatmulTwoPart(hidden, rows, head.view(), logits.data<float>());
+  } else {
+    kernels::BatchInvariantMatmul(hidden, rows, head.view(), logits.data<float>());
+  }
+  return logits;
+}
+
+}  // namespace
 
 Expected<std::unique_ptr<DeepseekV3Model>> DeepseekV3Model::Load(const std::string& dir, DType dtype,
                                                                   const ExpertSelection& experts) {
@@ -151,10 +168,7 @@ void DeepseekV3Model::RunEmptyBatch(ExpertBackend& experts) const {
 }
 
 Tensor DeepseekV3Model::Logits(const float* hidden, int64_t rows) const {
-  Tensor logits = Tensor::F32({rows, config_.vocab_size});
-  // Not INT8 (see weights.cc), so summed in an order that does not depend on the batch.
-  kernels::BatchInvariantMatmul(hidden, rows, weights_.lm_head.view(), logits.data<float>());
-  return logits;
+  return HeadLogits(weights_.lm_head, hidden, rows);
 }
 
 Tensor DeepseekV3Model::MtpLogits(const float* main_hidden, std::span<const int32_t> next_tokens,
@@ -182,9 +196,7 @@ Tensor DeepseekV3Model::MtpLogits(const float* main_hidden, std::span<const int3
   Block(mtp.block, h, std::span(&whole, 1), mtp_cache.layers[0], mtp_cache.block_size, experts);
   mtp_cache.length += tokens;
   kernels::RmsNorm(h.data<float>(), mtp.head_norm.data<float>(), tokens, hidden, eps, h.data<float>());
-  Tensor logits = Tensor::F32({tokens, config_.vocab_size});
-  kernels::BatchInvariantMatmul(h.data<float>(), tokens, mtp.head.view(), logits.data<float>());
-  return logits;
+  return HeadLogits(mtp.head, h.data<float>(), tokens);
 }
 
 }  // namespace moe

@@ -43,7 +43,7 @@ class DeepseekV3Model {
   // chunks' tokens are the rows of the result, in order. Every token attends in the absorbed form,
   // whatever its chunk's size. Under W8A8 a token's result is then the same bits however the batch
   // is made up and its sequence chunked: every op computes a row from that row alone, INT8 GEMMs
-  // sum exactly and the F32/BF16 ones (router, lm_head) in a fixed order. (Under F32 and BF16,
+  // sum exactly (the lm_head's too) and the F32 router in a fixed order. (Under F32 and BF16,
   // oneDNN's GEMMs may order a row's sums by the batch's size.) Returns the final hidden states
   // after the final norm: [total tokens, hidden].
   Tensor Forward(std::span<const SequenceChunk> batch, PagedKvCache& cache, ExpertBackend& experts) const;

@@ -155,12 +155,9 @@ Expected<ModelWeights> LoadModelWeights(const Checkpoint& checkpoint, const Mode
     w.layers.push_back(LoadLayer(loader, i, c, experts));
   }
   w.final_norm = loader.F32("model.norm.weight", {c.hidden_size});
-  // lm_head stays BF16 under W8A8: INT8 there cost most of the logits' accuracy on random tiny models
-  // (cosine to F32 0.9989 -> 0.99995 with BF16; tests/model/quantized_accuracy_test.cc).
-  const DType head_dtype = dtype == DType::kI8 ? DType::kBF16 : dtype;
   w.lm_head = MakeLinear(loader.F32(c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight",
                                     {c.vocab_size, c.hidden_size}),
-                         head_dtype);
+                         dtype);
   if (c.num_nextn_predict_layers > 0 && loader.status().ok()) {
     const int64_t index = c.num_hidden_layers;
     const std::string prefix = "model.layers." + std::to_string(index) + ".";
@@ -170,7 +167,7 @@ Expected<ModelWeights> LoadModelWeights(const Checkpoint& checkpoint, const Mode
     mtp.hnorm = loader.F32(prefix + "hnorm.weight", {c.hidden_size});
     mtp.eh_proj = loader.LoadLinear(prefix + "eh_proj.weight", c.hidden_size, 2 * c.hidden_size);
     mtp.head_norm = loader.F32(prefix + "shared_head.norm.weight", {c.hidden_size});
-    mtp.head = MakeLinear(loader.F32(prefix + "shared_head.head.weight", {c.vocab_size, c.hidden_size}), head_dtype);
+    mtp.head = MakeLinear(loader.F32(prefix + "shared_head.head.weight", {c.vocab_size, c.hidden_size}), dtype);
     mtp.block = LoadLayer(loader, index, c, experts);
   }
   if (!loader.status().ok()) return loader.status();

@@ -1,6 +1,8 @@
 // Int8Gemv's INT32 products against a scalar loop, to the bit, on odd shapes and extreme values; and
 // Matmul of I8 weights, which runs Int8Gemv for a few rows and oneDNN for more, giving a row the
 // same bits whatever the batch around it.
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <random>
 #include <tuple>
@@ -109,6 +111,43 @@ TEST(Int8MatmulTest, RowsDoNotDependOnTheBatch) {
               << "n " << n << " k " << k << " packed " << (weight.packed != nullptr) << ": row " << r << " of " << m;
         }
       }
+    }
+  }
+}
+
+// MatmulTwoPart: each row the same bits alone and in every batch (its parts run through Int8Gemv
+// or oneDNN by the batch's size), and within 2^-13 of the exact products with the INT8 weight --
+// where one INT8 part of the activations (Matmul) is off by ~2^-7.
+TEST(Int8MatmulTest, TwoPartRowsAreExactToFourteenBitsAndBatchInvariant) {
+  const int64_t n = 53, k = 300, max_rows = cpu::kInt8GemvMaxRows + 3;
+  const RandomInt8Weight w(n, k, 21);
+  const Tensor packed = PackMatmulWeight(w.view());
+  const Weight weight(w.view(), w.scales.data(), packed.data<int8_t>());
+  const std::vector<float> x = Random(max_rows * k, 22);
+  std::vector<float> alone(max_rows * n), one_part(max_rows * n);
+  for (int64_t r = 0; r < max_rows; ++r) MatmulTwoPart(x.data() + r * k, 1, weight, alone.data() + r * n);
+  Matmul(x.data(), max_rows, weight, one_part.data());
+  double worst_two = 0, worst_one = 0;
+  for (int64_t r = 0; r < max_rows; ++r) {
+    for (int64_t j = 0; j < n; ++j) {
+      // The exact product with the dequantized weight, against the row's scale sum |x| |w|.
+      double exact = 0, magnitude = 0;
+      for (int64_t i = 0; i < k; ++i) {
+        const double wv = static_cast<double>(w.q[j * k + i]) * w.scales[j];
+        exact += x[r * k + i] * wv;
+        magnitude += std::fabs(x[r * k + i] * wv);
+      }
+      worst_two = std::max(worst_two, std::fabs(alone[r * n + j] - exact) / magnitude);
+      worst_one = std::max(worst_one, std::fabs(one_part[r * n + j] - exact) / magnitude);
+    }
+  }
+  EXPECT_LT(worst_two, std::ldexp(1.0, -13));
+  EXPECT_GT(worst_one, 16 * worst_two);
+  for (int64_t m = 1; m <= max_rows; ++m) {
+    std::vector<float> y(m * n);
+    MatmulTwoPart(x.data(), m, weight, y.data());
+    for (int64_t r = 0; r < m; ++r) {
+      ASSERT_EQ(std::memcmp(y.data() + r * n, alone.data() + r * n, n * sizeof(float)), 0) << "row " << r << " of " << m;
     }
   }
 }

@@ -4,8 +4,8 @@
 // Why: oneDNN picks its GEMM kernel, and with it the order of the sums, by the number of rows M
 // (measured with oneDNN 2.6: an F32 row's bits change between M < 16 and M >= 16, a BF16 row's
 // between M = 1 and M > 1). Under W8A8 every other GEMM accumulates INT8 products exactly, and
-// only the router (F32) and lm_head (BF16) remain; through this kernel a request's logits are the
-// same to the bit alone or in any batch.
+// only the router (F32) remains; through this kernel a request's logits are the same to the bit
+// alone or in any batch. The lm_head of F32 and BF16 runs takes it too.
 //
 // The orders (SumOrder), for every output y[r, j], both ending in the same pairwise sum of 16
 // lane sums: l + (l + 8), then + 4, + 2, + 1.

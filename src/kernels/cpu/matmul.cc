@@ -220,6 +220,26 @@ void Matmul(const float* x, int64_t m, const Weight& weight, float* y) {
   }
 }
 
+void MatmulTwoPart(const float* x, int64_t m, const Weight& weight, float* y) {
+  MOE_CHECK(weight.data.dtype == DType::kI8, "MatmulTwoPart needs I8 weights");
+  if (m == 0) return;
+  const int64_t n = weight.data.dim(0), k = weight.data.dim(1);
+  // Rows [0, m) of `parts` are the high parts, rows [m, 2m) the low ones: one GEMM for both.
+  const auto parts = std::make_unique_for_overwrite<int8_t[]>(2 * m * k);
+  const auto scales = std::make_unique_for_overwrite<float[]>(2 * m);
+  QuantizeRows(x, m, k, parts.get(), scales.get());
+  const auto residual = std::make_unique_for_overwrite<float[]>(m * k);
+  ParallelFor(m, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin * k; i < end * k; ++i) residual[i] = x[i] - static_cast<float>(parts[i]) * scales[i / k];
+  });
+  QuantizeRows(residual.get(), m, k, parts.get() + m * k, scales.get() + m);
+  const auto products = std::make_unique_for_overwrite<float[]>(2 * m * n);
+  Execute(parts.get(), scales.get(), 2 * m, weight, products.get());
+  ParallelFor(m, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin * n; i < end * n; ++i) y[i] = products[i] + products[m * n + i];
+  });
+}
+
 void MatmulQuantized(const int8_t* x, const float* x_scales, int64_t m, const Weight& weight, float* y) {
   MOE_CHECK(weight.data.dtype == DType::kI8, "MatmulQuantized needs I8 weights");
   if (m == 0) return;
