@@ -43,6 +43,7 @@
 #include <vector>
 
 #include "base/cpu_features.h"
+#include "base/int_math.h"
 #include "base/thread_pool.h"
 #include "kernels/cpu/amx.h"
 #include "kernels/cpu/avx512.h"
@@ -52,8 +53,6 @@ namespace {
 
 constexpr int64_t kLanes = 16;
 constexpr int64_t kTile = 4;  // weight rows per tile
-
-int64_t RoundUp(int64_t a, int64_t b) { return (a + b - 1) / b * b; }
 
 inline float ToF32(float v) { return v; }
 inline float ToF32(bf16 v) { return Bf16ToF32(v); }
@@ -349,7 +348,6 @@ MOE_AVX512_BF16 void Avx512PairRows(const bf16* x, int64_t m, int64_t stride, co
     }
   }
 }
-
 
 // The AMX loops work on groups of 32 weight rows (two A tiles of 16 rows x 32 BF16 values) and
 // blocks of 16 x rows (one B tile per 32 values of k: x^T with its values in pairs, as TDPBF16PS

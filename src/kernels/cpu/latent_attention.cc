@@ -57,6 +57,7 @@
 #include <vector>
 
 #include "base/cpu_features.h"
+#include "base/int_math.h"
 #include "base/thread_pool.h"
 
 namespace moe::kernels::cpu {
@@ -66,9 +67,6 @@ constexpr int64_t kGroupTokens = 4;     // tokens whose rows share each tile: 64
 constexpr int64_t kMinRangeKeys = 256;  // a key range shorter than this is not worth its merge
 constexpr int64_t kMaxKeyRanges = 16;   // enough ranges for 16 threads on one decode token
 constexpr int32_t kMinShift = -255;     // 2^-255 flushes every finite float to zero
-
-int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
-int64_t RoundUp(int64_t a, int64_t b) { return CeilDiv(a, b) * b; }
 
 // --- Generic ops -------------------------------------------------------------------------------
 

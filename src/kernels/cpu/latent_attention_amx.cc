@@ -24,6 +24,7 @@
 #include <cstring>
 #include <vector>
 
+#include "base/int_math.h"
 #include "kernels/cpu/amx.h"
 
 namespace moe::kernels::cpu {
@@ -34,8 +35,6 @@ namespace {
 constexpr int64_t kKeyTiles = kKeyBlock / kAmxRows;  // 4 tiles of 16 keys
 constexpr int64_t kPairTiles = kKeyBlock / kAmxK;    // 2 steps of 32 keys
 static_assert(kKeyTiles == 4 && kPairTiles == 2);
-
-int64_t CeilDiv(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
 // 16 F32 values rounded to BF16, to nearest even (the values here are finite).
 MOE_AMX_AVX512 inline __m256i RoundToBf16(__m512 x) {
