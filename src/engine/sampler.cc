@@ -55,7 +55,8 @@ void ApplyPenalties(float* logits, int64_t vocab, const SamplingParams& params, 
 double Sampler::Uniform() { return static_cast<double>(rng_() >> 11) * 0x1.0p-53; }
 
 int32_t Sampler::Sample(const float* logits, int64_t vocab, const SamplingParams& params) {
-  if (params.temperature <= 0.0) return SortedIds(logits, vocab, 1)[0];
+  // Greedy: the first of the highest logits, the same token SortedIds puts first.
+  if (params.temperature <= 0.0) return static_cast<int32_t>(std::max_element(logits, logits + vocab) - logits);
 
   const int64_t keep = params.top_k > 0 ? std::min(params.top_k, vocab) : vocab;
   const std::vector<int32_t> ids = SortedIds(logits, vocab, keep);

@@ -105,36 +105,43 @@ void ForEachHead(int64_t heads, int64_t in_floats, int64_t out_floats,
   });
 }
 
-// Attention on the latent cache: fold W_uk into the query and W_uv into the output.
-void AbsorbedAttention(const AttentionWeights& w, const ModelConfig& c, const float* q, int64_t tokens,
-                       int64_t start, const LayerKvCache& cache, float* out) {
+// The absorbed form folds W_uk into the query and W_uv into the output. Both run per head on every
+// row of the batch at once, so that a step reads each head's weights once, not once per sequence.
+
+// q [rows, H, nope+rope] -> q_lat [rows, H, lora] (W_uk[h]^T applied to each head's q_nope) and
+// q_pe [rows, H, rope].
+void AbsorbQueries(const AttentionWeights& w, const ModelConfig& c, const float* q, int64_t rows, float* q_lat,
+                   float* q_pe) {
   const int64_t heads = c.num_attention_heads, nope = c.qk_nope_head_dim, rope = c.qk_rope_head_dim;
-  const int64_t vdim = c.v_head_dim, lora = c.kv_lora_rank, qk = nope + rope;
-  const auto q_lat = std::make_unique_for_overwrite<float[]>(tokens * heads * lora);
-  const auto q_pe = std::make_unique_for_overwrite<float[]>(tokens * heads * rope);
-  // Per head, a GEMM too small to split across threads: the threads split the heads.
-  const int64_t in_floats = tokens * std::max(nope, lora), out_floats = tokens * std::max(lora, vdim);
-  ForEachHead(heads, in_floats, out_floats, [&](int64_t h, float* head_in, float* head_out) {
-    CopyColumns(q, tokens, heads * qk, h * qk, nope, head_in, nope);
-    kernels::Matmul(head_in, tokens, w.k_absorb[h].view(), head_out);
-    CopyColumns(head_out, tokens, lora, 0, lora, q_lat.get() + h * lora, heads * lora);
-    CopyColumns(q, tokens, heads * qk, h * qk + nope, rope, q_pe.get() + h * rope, heads * rope);
+  const int64_t lora = c.kv_lora_rank, qk = nope + rope;
+  ForEachHead(heads, rows * nope, rows * lora, [&](int64_t h, float* head_in, float* head_out) {
+    CopyColumns(q, rows, heads * qk, h * qk, nope, head_in, nope);
+    kernels::Matmul(head_in, rows, w.k_absorb[h].view(), head_out);
+    CopyColumns(head_out, rows, lora, 0, lora, q_lat + h * lora, heads * lora);
+    CopyColumns(q, rows, heads * qk, h * qk + nope, rope, q_pe + h * rope, heads * rope);
   });
-  const auto o_lat = std::make_unique_for_overwrite<float[]>(tokens * heads * lora);
-  kernels::LatentAttentionParams p{tokens, start + tokens, heads, lora, rope, start,
-                                   static_cast<float>(c.SoftmaxScale())};
+}
+
+// o_lat [rows, H, lora] -> out [rows, H, v]: W_uv[h] applied to each head's output.
+void AbsorbOutputs(const AttentionWeights& w, const ModelConfig& c, const float* o_lat, int64_t rows, float* out) {
+  const int64_t heads = c.num_attention_heads, lora = c.kv_lora_rank, vdim = c.v_head_dim;
+  ForEachHead(heads, rows * lora, rows * vdim, [&](int64_t h, float* head_in, float* head_out) {
+    CopyColumns(o_lat, rows, heads * lora, h * lora, lora, head_in, lora);
+    kernels::Matmul(head_in, rows, w.v_absorb[h].view(), head_out);
+    CopyColumns(head_out, rows, vdim, 0, vdim, out + h * vdim, heads * vdim);
+  });
+}
+
+// One sequence's attention on the latent cache, its absorbed queries -> o_lat [tokens, H, lora].
+void LatentAttend(const ModelConfig& c, const float* q_lat, const float* q_pe, int64_t tokens, int64_t start,
+                  const LayerKvCache& cache, float* o_lat) {
+  kernels::LatentAttentionParams p{tokens, start + tokens, c.num_attention_heads, c.kv_lora_rank, c.qk_rope_head_dim,
+                                   start, static_cast<float>(c.SoftmaxScale())};
   if (cache.dtype() == DType::kF32) {
-    kernels::LatentAttention(q_lat.get(), q_pe.get(), cache.c_kv.data<float>(), cache.k_pe.data<float>(), p,
-                             o_lat.get());
+    kernels::LatentAttention(q_lat, q_pe, cache.c_kv.data<float>(), cache.k_pe.data<float>(), p, o_lat);
   } else {
-    kernels::LatentAttention(q_lat.get(), q_pe.get(), cache.c_kv.data<bf16>(), cache.k_pe.data<bf16>(), p,
-                             o_lat.get());
+    kernels::LatentAttention(q_lat, q_pe, cache.c_kv.data<bf16>(), cache.k_pe.data<bf16>(), p, o_lat);
   }
-  ForEachHead(heads, in_floats, out_floats, [&](int64_t h, float* head_in, float* head_out) {
-    CopyColumns(o_lat.get(), tokens, heads * lora, h * lora, lora, head_in, lora);
-    kernels::Matmul(head_in, tokens, w.v_absorb[h].view(), head_out);
-    CopyColumns(head_out, tokens, vdim, 0, vdim, out + h * vdim, heads * vdim);
-  });
 }
 
 }  // namespace
@@ -184,19 +191,29 @@ void MlaForward(const AttentionWeights& w, const ModelConfig& c, const Rope& rop
     }
   }
 
-  const auto attn = std::make_unique_for_overwrite<float[]>(rows * heads * c.v_head_dim);
+  const AttentionForm form = sequences.empty() ? AttentionForm::kAbsorbed : sequences[0].form;
+  for (const MlaSequence& s : sequences) MOE_CHECK(s.form == form, "MlaForward takes one attention form per batch");
+  const int64_t vdim = c.v_head_dim;
+  std::unique_ptr<float[]> q_lat, q_pe, o_lat;
+  if (form == AttentionForm::kAbsorbed) {
+    q_lat = std::make_unique_for_overwrite<float[]>(rows * heads * lora);
+    q_pe = std::make_unique_for_overwrite<float[]>(rows * heads * rope_dim);
+    o_lat = std::make_unique_for_overwrite<float[]>(rows * heads * lora);
+    AbsorbQueries(w, c, q.get(), rows, q_lat.get(), q_pe.get());
+  }
+  const auto attn = std::make_unique_for_overwrite<float[]>(rows * heads * vdim);
   std::vector<int64_t> first_row(sequences.size());
   for (size_t i = 0, r = 0; i < sequences.size(); r += sequences[i].tokens, ++i) first_row[i] = static_cast<int64_t>(r);
   auto attend = [&](size_t i) {
     const MlaSequence& s = sequences[i];
     std::optional<LayerKvCache> gathered;
     const LayerKvCache& view = ContiguousRows(cache, s.block_table, block_size, s.start + s.tokens, gathered);
-    const float* sq = q.get() + first_row[i] * heads * qk;
-    float* so = attn.get() + first_row[i] * heads * c.v_head_dim;
-    if (s.form == AttentionForm::kExpanded) {
-      ExpandedAttention(w, c, sq, s.tokens, s.start, view, so);
+    const int64_t r = first_row[i];
+    if (form == AttentionForm::kExpanded) {
+      ExpandedAttention(w, c, q.get() + r * heads * qk, s.tokens, s.start, view, attn.get() + r * heads * vdim);
     } else {
-      AbsorbedAttention(w, c, sq, s.tokens, s.start, view, so);
+      LatentAttend(c, q_lat.get() + r * heads * lora, q_pe.get() + r * heads * rope_dim, s.tokens, s.start, view,
+                   o_lat.get() + r * heads * lora);
     }
   };
   // A prompt's attention gets every thread; single-token (decode) sequences run one per thread,
@@ -212,6 +229,7 @@ void MlaForward(const AttentionWeights& w, const ModelConfig& c, const Rope& rop
   ParallelFor(static_cast<int64_t>(decodes.size()), [&](int64_t begin, int64_t end) {
     for (int64_t j = begin; j < end; ++j) attend(decodes[j]);
   });
+  if (form == AttentionForm::kAbsorbed) AbsorbOutputs(w, c, o_lat.get(), rows, attn.get());
   kernels::Matmul(attn.get(), rows, w.o_proj.view(), out);
 }
 

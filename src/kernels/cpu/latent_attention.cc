@@ -267,6 +267,26 @@ struct Scratch {
   std::vector<int64_t> counts;
 };
 
+// This thread's Scratch for `tokens` tokens of p's shape, kept from call to call: decode attends
+// once per sequence and layer, and a new one, ~300 KB zeroed, cost more than attending over a
+// short context. The tile kernels use only the shape fields of p (heads, kv_lora, rope).
+Scratch& ScratchFor(Isa isa, bool bf16_cache, const LatentAttentionParams& p, const RowLayout& layout,
+                    int64_t tokens) {
+  struct Cached {
+    Isa isa;
+    bool bf16_cache;
+    int64_t heads, kv_lora, rope, tokens;
+    std::unique_ptr<Scratch> scratch;
+  };
+  thread_local Cached cached{};
+  if (!cached.scratch || cached.isa != isa || cached.bf16_cache != bf16_cache || cached.heads != p.heads ||
+      cached.kv_lora != p.kv_lora || cached.rope != p.rope || cached.tokens != tokens) {
+    cached = {isa, bf16_cache, p.heads, p.kv_lora, p.rope, tokens,
+              std::make_unique<Scratch>(isa, bf16_cache, p, layout, tokens)};
+  }
+  return *cached.scratch;
+}
+
 void PrepareQuery(const LatentAttentionParams& p, const RowLayout& layout, const float* q_lat, const float* q_pe,
                   int64_t t, float* q) {
   const float q_scale = p.scale * std::numbers::log2e_v<float>;
@@ -358,7 +378,7 @@ void Run(Isa isa, int64_t splits, const float* q_lat, const float* q_pe, const T
     // any contiguous share of them carries about as many keys as any other: later tokens see more.
     const int64_t groups = CeilDiv(p.tokens, kGroupTokens);
     ParallelFor(groups, [&](int64_t begin, int64_t end) {
-      Scratch scratch(isa, kBf16, p, layout, kGroupTokens);
+      Scratch& scratch = ScratchFor(isa, kBf16, p, layout, kGroupTokens);
       for (int64_t i = begin; i < end; ++i) {
         const int64_t g = i % 2 == 0 ? i / 2 : groups - 1 - i / 2;
         const int64_t t0 = g * kGroupTokens, t1 = std::min(p.tokens, t0 + kGroupTokens);
@@ -378,7 +398,7 @@ void Run(Isa isa, int64_t splits, const float* q_lat, const float* q_pe, const T
   std::vector<float> partial_o(p.tokens * max_ranges * head_floats);
   std::vector<HeadState> partial_state(p.tokens * max_ranges * p.heads);
   ParallelFor(p.tokens * max_ranges, [&](int64_t task_begin, int64_t task_end) {
-    Scratch scratch(isa, kBf16, p, layout, 1);
+    Scratch& scratch = ScratchFor(isa, kBf16, p, layout, 1);
     for (int64_t task = task_begin; task < task_end; ++task) {
       const int64_t t = task / max_ranges, r = task % max_ranges;
       const KeyRanges ranges(p.q_offset + t + 1);
