@@ -186,7 +186,8 @@ Expected<nlohmann::json> RunOnce(const DeepseekV3Model& model, const BenchOption
       last_decode = now;
     }
   }
-  const double seconds = std::chrono::duration<double>(Clock::now() - start).count();
+  const Clock::time_point end = Clock::now();
+  const double seconds = std::chrono::duration<double>(end - start).count();
   const double cpu_seconds = ProcessCpuSeconds() - start_cpu;
 
   std::vector<double> ttft, tpot;
@@ -213,7 +214,10 @@ Expected<nlohmann::json> RunOnce(const DeepseekV3Model& model, const BenchOption
       {"cpu_s", cpu_seconds},
       {"decode_cpu_s", decode_cpu_seconds},
       // steady_clock is CLOCK_MONOTONIC: `perf record -k CLOCK_MONOTONIC` then
-      // `perf report --time <first>,<last>` profiles the decode steps alone.
+      // `perf report --time <first>,<last>` profiles the whole run or its decode steps alone.
+      {"window_monotonic_s",
+       {std::chrono::duration<double>(start.time_since_epoch()).count(),
+        std::chrono::duration<double>(end.time_since_epoch()).count()}},
       {"decode_window_monotonic_s",
        {std::chrono::duration<double>(first_decode.time_since_epoch()).count(),
         std::chrono::duration<double>(last_decode.time_since_epoch()).count()}}};

@@ -86,44 +86,46 @@ void BM_Matmul(benchmark::State& state, GemmShape shape, DType dtype) {
   ReportRoofline(state, seconds, bytes, ops, peak);
 }
 
-// The I8 weight of WeightCopies in oneDNN's packed layout, as many copies, kept the same way.
-const std::vector<Tensor>& PackedCopies(const GemmShape& s) {
-  static std::pair<int64_t, int64_t> key;
+// The I8 weight of WeightCopies as `pack` lays it out (PackMatmulWeight or PackGemvWeight), as many
+// copies, kept the same way.
+const std::vector<Tensor>& PackedCopies(const GemmShape& s, Tensor (*pack)(const TensorView&)) {
+  static std::tuple<int64_t, int64_t, Tensor (*)(const TensorView&)> key;
   static std::vector<Tensor> copies;
-  if (key == std::make_pair(s.k, s.n) && !copies.empty()) return copies;
+  if (key == std::make_tuple(s.k, s.n, pack) && !copies.empty()) return copies;
   copies.clear();
   const std::vector<kernels::Weight>& plain = WeightCopies(s, DType::kI8);
-  const Tensor first = kernels::PackMatmulWeight(plain.front().data);
+  const Tensor first = pack(plain.front().data);
   for (size_t c = 0; c < plain.size(); ++c) {
     Tensor copy(DType::kI8, first.shape());
     std::memcpy(copy.raw(), first.raw(), first.nbytes());
     copies.push_back(std::move(copy));
   }
-  key = {s.k, s.n};
+  key = {s.k, s.n, pack};
   return copies;
 }
 
 // The INT32 products alone of the two kernels Matmul chooses between for I8 weights at few rows:
-// Int8Gemv on the plain weight, or oneDNN on the packed one.
+// Int8Gemv or oneDNN, each on the weight laid out for it.
 void BM_Int8Products(benchmark::State& state, GemmShape shape, bool gemv) {
   if (gemv && !kernels::cpu::Int8GemvSupported()) {
     state.SkipWithError("this CPU lacks AVX-512 VNNI");
     return;
   }
   const int64_t m = state.range(0);
-  const std::vector<kernels::Weight>& plain = WeightCopies(shape, DType::kI8);
-  const std::vector<Tensor>& packed = PackedCopies(shape);
+  const std::vector<Tensor>& packed =
+      PackedCopies(shape, gemv ? &kernels::PackGemvWeight : &kernels::PackMatmulWeight);
   std::vector<int8_t> x(m * shape.k);
   for (int64_t i = 0; i < m * shape.k; ++i) x[i] = static_cast<int8_t>(Noise(i + 12345) * 127.0f);
   std::vector<int32_t> y(m * shape.n);
   size_t next = 0;
   const double seconds = FastestIteration(state, [&] {
     if (gemv) {
-      kernels::cpu::Int8Gemv(x.data(), m, plain[next].data.as<int8_t>(), shape.n, shape.k, y.data());
+      kernels::cpu::Int8Gemv(x.data(), m, reinterpret_cast<const uint8_t*>(packed[next].data<int8_t>()), shape.n,
+                             shape.k, y.data());
     } else {
       kernels::cpu::Int8GemmPacked(x.data(), m, shape.k, shape.n, packed[next].data<int8_t>(), y.data());
     }
-    next = (next + 1) % plain.size();
+    next = (next + 1) % packed.size();
     benchmark::DoNotOptimize(y.data());
   });
   const double bytes = static_cast<double>(shape.n * shape.k) + m * (shape.k + 4.0 * shape.n);
@@ -167,7 +169,7 @@ void RegisterMatmulBenchmarks() {
     for (const auto& [gemv, kernel] : {std::pair(true, "int8_gemv"), std::pair(false, "onednn_packed")}) {
       const std::string name = std::string("Int8Products/") + s.name + "/" + kernel;
       benchmark::RegisterBenchmark(name.c_str(), BM_Int8Products, s, gemv)
-          ->ArgName("M")->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Arg(16)->UseRealTime()->MinTime(0.05);
+          ->ArgName("M")->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Arg(12)->Arg(16)->Arg(32)->UseRealTime()->MinTime(0.05);
     }
   }
 }

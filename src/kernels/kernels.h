@@ -9,20 +9,26 @@
 namespace moe::kernels {
 
 // A [n, k] weight matrix: F32, BF16, or I8 with one dequantization scale per row (output channel).
-// `packed`, when set, is the same I8 weight as PackMatmulWeight lays it out, which Matmul then reads
-// instead of `data`.
+// `packed` and `gemv_packed`, when set, are the same I8 weight as PackMatmulWeight and
+// PackGemvWeight lay it out, which Matmul then reads instead of `data`: the first for many rows,
+// the second for a few.
 struct Weight {
   Weight(const TensorView& data, const float* row_scales = nullptr,  // NOLINT: implicit by design
-         const void* packed = nullptr)
-      : data(data), row_scales(row_scales), packed(packed) {}
+         const void* packed = nullptr, const void* gemv_packed = nullptr)
+      : data(data), row_scales(row_scales), packed(packed), gemv_packed(gemv_packed) {}
   TensorView data;
   const float* row_scales;
   const void* packed;
+  const void* gemv_packed;
 };
 
 // An I8 [n, k] weight rearranged once into the blocked layout of oneDNN's fastest int8 kernels
 // (AMX or VNNI brgemm), which they would otherwise rebuild from the plain layout on every call.
 Tensor PackMatmulWeight(const TensorView& w);
+
+// An I8 [n, k] weight laid out for the hand-written kernel Matmul runs on a few rows (decode), or,
+// on a CPU without it (no AVX-512 VNNI), an empty tensor.
+Tensor PackGemvWeight(const TensorView& w);
 
 // y[m, n] = x[m, k] · w^T. BF16 weights take activations rounded to BF16; I8 weights take
 // activations quantized per row by QuantizeRows (A8W8), accumulate in INT32 and scale in FP32.

@@ -138,6 +138,7 @@ Linear MakeLinear(Tensor w, DType dtype) {
       linear.row_scales = Tensor::F32({rows});
       kernels::QuantizeRows(w.data<float>(), rows, cols, linear.weight.data<int8_t>(), linear.row_scales.data<float>());
       linear.packed = kernels::PackMatmulWeight(linear.weight.view());
+      linear.gemv_packed = kernels::PackGemvWeight(linear.weight.view());
       break;
     default:
       MOE_CHECK(false, "no linear layers in %s", std::string(DTypeName(dtype)).c_str());

@@ -17,12 +17,14 @@ namespace moe {
 struct Linear {
   Tensor weight;
   Tensor row_scales;  // [out], F32; I8 only
-  Tensor packed;      // I8 only: the weight as kernels::PackMatmulWeight lays it out, which Matmul reads
+  Tensor packed;       // I8 only: the weight as kernels::PackMatmulWeight lays it out, which Matmul reads
+  Tensor gemv_packed;  // I8 only: as kernels::PackGemvWeight lays it out (empty where unsupported)
 
   int64_t rows() const { return weight.dim(0); }
   kernels::Weight view() const {
     return kernels::Weight(weight.view(), row_scales.empty() ? nullptr : row_scales.data<float>(),
-                           packed.empty() ? nullptr : packed.data<int8_t>());
+                           packed.empty() ? nullptr : packed.data<int8_t>(),
+                           gemv_packed.empty() ? nullptr : gemv_packed.data<int8_t>());
   }
 };
 

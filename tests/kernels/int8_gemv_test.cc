@@ -1,6 +1,6 @@
 // Int8Gemv's INT32 products against a scalar loop, to the bit, on odd shapes and extreme values; and
 // Matmul of I8 weights, which runs Int8Gemv for a few rows and oneDNN for more, giving a row the
-// same bits whatever the batch around it.
+// same bits whatever the batch around it and whichever layouts the weight comes in.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -39,8 +39,10 @@ std::vector<int32_t> ScalarProducts(const std::vector<int8_t>& x, int64_t m, con
 }
 
 void ExpectProductsExact(const std::vector<int8_t>& x, int64_t m, const std::vector<int8_t>& w, int64_t n, int64_t k) {
+  std::vector<uint8_t> packed(cpu::Int8GemvPackedBytes(n, k));
+  cpu::PackInt8Gemv(w.data(), n, k, packed.data());
   std::vector<int32_t> y(m * n);
-  cpu::Int8Gemv(x.data(), m, w.data(), n, k, y.data());
+  cpu::Int8Gemv(x.data(), m, packed.data(), n, k, y.data());
   const std::vector<int32_t> want = ScalarProducts(x, m, w, n, k);
   for (int64_t i = 0; i < m * n; ++i) {
     ASSERT_EQ(y[i], want[i]) << "m " << m << " n " << n << " k " << k << " at row " << i / n << " column " << i % n;
@@ -54,18 +56,19 @@ class Int8GemvTest : public testing::TestWithParam<std::tuple<int64_t, int64_t>>
   }
 };
 
-// Every tile shape (1-4 x rows in the last pass, 1-4 weight rows in the last tile) and k tail.
+// Every pass size (1-6 rows, passes split evenly), partial column blocks and vectors, k past a
+// whole group and past a chunk of 512.
 TEST_P(Int8GemvTest, MatchesScalarProductsExactly) {
   const auto [m, k] = GetParam();
-  for (int64_t n : {1, 2, 3, 4, 5, 7, 33}) {
+  for (int64_t n : {1, 5, 16, 17, 33, 64, 65, 130}) {
     const std::vector<int8_t> x = RandomInt8(m * k, 1, -127, 127), w = RandomInt8(n * k, 2, -128, 127);
     ExpectProductsExact(x, m, w, n, k);
   }
 }
 
 INSTANTIATE_TEST_SUITE_P(Shapes, Int8GemvTest,
-                         testing::Combine(testing::Values(1, 2, 3, 4, 5, 8, 9, 16, 17),
-                                          testing::Values(1, 63, 64, 65, 130, 2048)));
+                         testing::Combine(testing::Values(1, 2, 3, 4, 5, 6, 7, 8, 12, 13, 16, 17),
+                                          testing::Values(1, 63, 64, 65, 130, 513, 2048)));
 
 // The largest products, each sign; all-zero rows of x and w; and a k long enough for the biased
 // sums (w + 128) * x to come near INT32's limit.
@@ -92,23 +95,26 @@ TEST(Int8GemvExtremesTest, MatchesScalarProductsExactly) {
 }
 
 // Matmul gives a row the same bits alone and at every place in a batch of every size up to past
-// kInt8GemvMaxRows, where oneDNN takes over, with and without the packed weight.
+// kInt8GemvMaxRows, where oneDNN takes over, with the weight plain, packed for oneDNN, or for both.
 TEST(Int8MatmulTest, RowsDoNotDependOnTheBatch) {
-  for (const auto& [n, k] : {std::pair<int64_t, int64_t>{37, 130}, {64, 2048}}) {
+  for (const auto& [n, k] : {std::pair<int64_t, int64_t>{37, 130}, {64, 2048}, {130, 66}}) {
     const RandomInt8Weight w(n, k, 11);
-    const Tensor packed = PackMatmulWeight(w.view());
+    const Tensor packed = PackMatmulWeight(w.view()), gemv_packed = PackGemvWeight(w.view());
     const Weight plain(w.view(), w.scales.data()), packed_too(w.view(), w.scales.data(), packed.data<int8_t>());
+    const Weight both(w.view(), w.scales.data(), packed.data<int8_t>(),
+                      gemv_packed.empty() ? nullptr : gemv_packed.data<int8_t>());
     const int64_t max_rows = cpu::kInt8GemvMaxRows + 3;
     const std::vector<float> x = Random(max_rows * k, 12);
     std::vector<float> alone(max_rows * n);
     for (int64_t r = 0; r < max_rows; ++r) Matmul(x.data() + r * k, 1, plain, alone.data() + r * n);
-    for (const Weight& weight : {plain, packed_too}) {
+    for (const Weight& weight : {plain, packed_too, both}) {
       for (int64_t m = 1; m <= max_rows; ++m) {
         std::vector<float> y(m * n);
         Matmul(x.data(), m, weight, y.data());
         for (int64_t r = 0; r < m; ++r) {
           ASSERT_EQ(std::memcmp(y.data() + r * n, alone.data() + r * n, n * sizeof(float)), 0)
-              << "n " << n << " k " << k << " packed " << (weight.packed != nullptr) << ": row " << r << " of " << m;
+              << "n " << n << " k " << k << " packed " << (weight.packed != nullptr) << " gemv packed "
+              << (weight.gemv_packed != nullptr) << ": row " << r << " of " << m;
         }
       }
     }
@@ -121,8 +127,9 @@ TEST(Int8MatmulTest, RowsDoNotDependOnTheBatch) {
 TEST(Int8MatmulTest, TwoPartRowsAreExactToFourteenBitsAndBatchInvariant) {
   const int64_t n = 53, k = 300, max_rows = cpu::kInt8GemvMaxRows + 3;
   const RandomInt8Weight w(n, k, 21);
-  const Tensor packed = PackMatmulWeight(w.view());
-  const Weight weight(w.view(), w.scales.data(), packed.data<int8_t>());
+  const Tensor packed = PackMatmulWeight(w.view()), gemv_packed = PackGemvWeight(w.view());
+  const Weight weight(w.view(), w.scales.data(), packed.data<int8_t>(),
+                      gemv_packed.empty() ? nullptr : gemv_packed.data<int8_t>());
   const std::vector<float> x = Random(max_rows * k, 22);
   std::vector<float> alone(max_rows * n), one_part(max_rows * n);
   for (int64_t r = 0; r < max_rows; ++r) MatmulTwoPart(x.data() + r * k, 1, weight, alone.data() + r * n);

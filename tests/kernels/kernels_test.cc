@@ -56,9 +56,11 @@ TEST_P(MatmulTest, Int8MatchesReferenceExactly) {
 TEST_P(MatmulTest, PackedInt8MatchesReferenceExactly) {
   const auto [m, k, n] = GetParam();
   const RandomInt8Weight w(n, k, 10);
-  const Tensor packed = PackMatmulWeight(w.view());
-  const Weight wv(w.view(), w.scales.data(), packed.data<int8_t>());
-  // Batches of other sizes too: each is padded to its row bucket differently.
+  const Tensor packed = PackMatmulWeight(w.view()), gemv_packed = PackGemvWeight(w.view());
+  const Weight wv(w.view(), w.scales.data(), packed.data<int8_t>(),
+                  gemv_packed.empty() ? nullptr : gemv_packed.data<int8_t>());
+  // Batches of other sizes too: each is padded to its row bucket differently, and a few rows run
+  // the kernel of the gemv layout.
   for (int64_t rows : {m, m + 16, 3 * m + 120}) {
     std::vector<float> x = Random(rows * k, 9), y(rows * n), want(rows * n);
     Matmul(x.data(), rows, wv, y.data());

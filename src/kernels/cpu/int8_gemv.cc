@@ -1,134 +1,104 @@
-// Int8Gemv: INT32 products of a few I8 activation rows and the plain row-major I8 weight, for
-// decode, which reads every weight once per step and so is bound by memory bandwidth. There
-// oneDNN's packed GEMM (AMX brgemm) streams a weight from DRAM at ~9.5 GB/s on one core of the
-// bench machine, whatever the rows up to 16; this streams it at ~15.5 GB/s at 1-2 rows.
+// Int8Gemv: INT32 products of a few I8 activation rows and a weight packed for it, for decode,
+// which reads every weight once per step and so is bound by memory bandwidth.
 //
-// VPDPBUSD multiplies unsigned bytes by signed ones. The weight is made unsigned by flipping its
-// sign bit (w + 128) and x stays signed, so each product is too large by 128 * x[i, p]; 128 times
-// the sum of each x row, found once per call, is taken off at the end. That costs one XOR per
-// weight vector, where making x unsigned instead would cost a second VPDPBUSD per weight vector
-// for the weight row's sum. The biased sums, at most 255 * 128 * k, stay within INT32 for k up to
-// 2^16, so the result is exact, whatever the order.
+// VPDPBUSD multiplies unsigned bytes by signed ones. The packed weight is made unsigned by flipping
+// its sign bit (w + 128) and x stays signed, so each product is too large by 128 * x[i, p]; 128
+// times the sum of each x row, found once per call, is taken off at the end. The biased sums, at
+// most 255 * 128 * k, stay within INT32 for k up to 2^16, so the result is exact, whatever the
+// order.
 //
-// A tile is 4 weight rows against up to 4 x rows: each step loads 64 bytes of every weight row
-// and multiplies it into 16-lane accumulators, one per (x row, weight row), reduced at the end;
-// more x rows take further passes over the tile, whose weight rows are then in L1. Threads split
-// the tiles.
+// Layout. For each block of 64 output columns (weight rows, zero past n) and each group of 4 bytes
+// of k (zero past k), 256 bytes: column j's 4 bytes at 4 j. One VPDPBUSD multiplies 16 columns'
+// groups by one x row's group broadcast to every lane, and its lanes are 16 outputs: nothing to
+// reduce at the end, and a block is one stream through memory.
+//
+// Blocking. A pass takes up to kPassRows x rows against one block over a chunk of k (32 KiB of
+// weight, which stays in L1 for the chunk's later passes), the first pass prefetching ahead;
+// partial sums wait in y between chunks. Threads split the blocks.
 #include "kernels/cpu/int8_gemv.h"
 
 #include <algorithm>
-#include <array>
-#include <utility>
+#include <cstring>
 #include <vector>
 
 #include "base/check.h"
 #include "base/cpu_features.h"
+#include "base/int_math.h"
 #include "base/thread_pool.h"
 #include "kernels/cpu/avx512.h"
 
 namespace moe::kernels::cpu {
 namespace {
 
-#if defined(__x86_64__)
+constexpr int64_t kBlockCols = 64;                    // 4 vectors of 16 INT32 outputs
+constexpr int64_t kGroupBytes = 4 * kBlockCols;       // one group of k for a block
+constexpr int64_t kChunkGroups = 128;                 // 512 bytes of k: 32 KiB of a block
+constexpr int kPassRows = 6;                          // 24 accumulators, 4 weight vectors, 1 broadcast
+constexpr int64_t kPrefetchAhead = 8 * kGroupBytes;   // 2 KiB: measured best of 0, 2, 8, 32 KiB
 
-constexpr int64_t kStep = 64;  // bytes of each row per step
-constexpr int kTileRows = 4;   // weight rows per tile
-constexpr int kPassRows = 4;   // x rows per pass over a tile
+#if defined(__x86_64__)
 
 #define MOE_INLINE_VNNI MOE_AVX512_VNNI inline __attribute__((always_inline))
 
-MOE_INLINE_VNNI __m512i Load(const int8_t* p) { return _mm512_loadu_si512(p); }
-MOE_INLINE_VNNI __m512i Load(const int8_t* p, __mmask64 mask) { return _mm512_maskz_loadu_epi8(mask, p); }
-
-// The first `count` (< 64) bytes of a step.
-inline __mmask64 TailMask(int64_t count) { return (uint64_t{1} << count) - 1; }
+// acc += a * b by bytes, in place: with the intrinsic, GCC 12 copies (and spills) every accumulator
+// of an array on every step.
+MOE_INLINE_VNNI void DotBytes(__m512i& acc, __m512i a, __m512i b) {
+  asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
+}
 
 MOE_AVX512_VNNI int32_t RowSum(const int8_t* x, int64_t k) {
   const __m512i ones = _mm512_set1_epi8(1);
   __m512i acc = _mm512_setzero_si512();
   int64_t p = 0;
-  for (; p + kStep <= k; p += kStep) acc = _mm512_dpbusd_epi32(acc, ones, Load(x + p));
-  if (p < k) acc = _mm512_dpbusd_epi32(acc, ones, Load(x + p, TailMask(k - p)));
+  for (; p + 64 <= k; p += 64) acc = _mm512_dpbusd_epi32(acc, ones, _mm512_loadu_si512(x + p));
+  if (p < k) acc = _mm512_dpbusd_epi32(acc, ones, _mm512_maskz_loadu_epi8((uint64_t{1} << (k - p)) - 1, x + p));
   return _mm512_reduce_add_epi32(acc);
 }
 
-template <int kM, int kR>
-MOE_INLINE_VNNI void Zero(__m512i (&acc)[kM][kR]) {
-#pragma GCC unroll 4
+// y[i, 0..64) (+)= the products of kM x rows (`stride` apart) and `groups` groups of one block,
+// stored where `masks` says columns exist; `first` starts the sums, otherwise they add to y's.
+template <int kM>
+MOE_AVX512_VNNI void Pass(const int8_t* x, int64_t stride, const uint8_t* w, const uint8_t* ahead, int64_t groups,
+                          bool first, int32_t* y, int64_t n, const __mmask16 (&masks)[4]) {
+  __m512i acc[kM][4];
+#pragma GCC unroll 8
   for (int i = 0; i < kM; ++i) {
 #pragma GCC unroll 4
-    for (int j = 0; j < kR; ++j) acc[i][j] = _mm512_setzero_si512();
+    for (int v = 0; v < 4; ++v) acc[i][v] = _mm512_setzero_si512();
   }
-}
-
-// acc[i][j] += the products of bytes [p, p + 64) of x row i and w row j, the loads masked or not.
-// A masked load reads 0 past k in both, and 0 * (0 + 128) adds nothing.
-template <int kM, int kR, typename... Mask>
-MOE_INLINE_VNNI void Step(__m512i (&acc)[kM][kR], const int8_t* x, const int8_t* w, int64_t k, int64_t p,
-                          Mask... mask) {
-  const __m512i sign = _mm512_set1_epi8(static_cast<char>(0x80));
-  __m512i wu[kR];
+  for (int64_t g = 0; g < groups; ++g) {
+    const uint8_t* group = w + g * kGroupBytes;
+    __m512i wv[4];
 #pragma GCC unroll 4
-  for (int j = 0; j < kR; ++j) wu[j] = _mm512_xor_si512(Load(w + j * k + p, mask...), sign);
-#pragma GCC unroll 4
-  for (int i = 0; i < kM; ++i) {
-    const __m512i xi = Load(x + i * k + p, mask...);
-#pragma GCC unroll 4
-    for (int j = 0; j < kR; ++j) acc[i][j] = _mm512_dpbusd_epi32(acc[i][j], wu[j], xi);
-  }
-}
-
-// y[i, j] for kM rows of x and kR rows of w; y's rows are n apart. Prefetches kR rows at `ahead`
-// as it goes.
-template <int kM, int kR>
-MOE_AVX512_VNNI void Tile(const int8_t* x, const int32_t* x_sums, const int8_t* w, const int8_t* ahead, int64_t n,
-                          int64_t k, int32_t* y) {
-  // Every loop over the tile's rows is unrolled: GCC 12 keeps the accumulators of a rolled one in
-  // memory, and stores them all on every step. The last partial step has accumulators of its own:
-  // with the same ones, GCC 12 copies every accumulator on every step of the loop.
-  __m512i acc[kM][kR];
-  Zero(acc);
-  int64_t p = 0;
-  for (; p + kStep <= k; p += kStep) {
-#pragma GCC unroll 4
-    for (int j = 0; j < kR; ++j) _mm_prefetch(ahead + j * k + p, _MM_HINT_T0);
-    Step(acc, x, w, k, p);
-  }
-  if (p < k) {
-    __m512i tail[kM][kR];
-    Zero(tail);
-    Step(tail, x, w, k, p, TailMask(k - p));
-#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v) {
+      _mm_prefetch(ahead + g * kGroupBytes + 64 * v, _MM_HINT_T0);
+      wv[v] = _mm512_loadu_si512(group + 64 * v);
+    }
+#pragma GCC unroll 8
     for (int i = 0; i < kM; ++i) {
+      int32_t xi;
+      std::memcpy(&xi, x + i * stride + 4 * g, sizeof(xi));
+      const __m512i b = _mm512_set1_epi32(xi);
 #pragma GCC unroll 4
-      for (int j = 0; j < kR; ++j) acc[i][j] = _mm512_add_epi32(acc[i][j], tail[i][j]);
+      for (int v = 0; v < 4; ++v) DotBytes(acc[i][v], wv[v], b);
     }
   }
-  // One reduction per accumulator: GCC 12 would copy every accumulator on every step for a shared
-  // one that unpacks or blends them.
-#pragma GCC unroll 4
+  // A load masked to nothing on the first chunk rather than a branch: GCC 12 copies every
+  // accumulator on every step when they meet a branch after the loop.
+#pragma GCC unroll 8
   for (int i = 0; i < kM; ++i) {
-    const uint32_t bias = 128u * static_cast<uint32_t>(x_sums[i]);
 #pragma GCC unroll 4
-    for (int j = 0; j < kR; ++j) {
-      y[i * n + j] = static_cast<int32_t>(static_cast<uint32_t>(_mm512_reduce_add_epi32(acc[i][j])) - bias);
+    for (int v = 0; v < 4; ++v) {
+      int32_t* out = y + i * n + 16 * v;
+      const __m512i before = _mm512_maskz_loadu_epi32(first ? 0 : masks[v], out);
+      _mm512_mask_storeu_epi32(out, masks[v], _mm512_add_epi32(acc[i][v], before));
     }
   }
 }
 
-using TileFn = void (*)(const int8_t*, const int32_t*, const int8_t*, const int8_t*, int64_t, int64_t, int32_t*);
-
-template <int kM, size_t... kR>
-constexpr std::array<TileFn, sizeof...(kR)> TilesFor(std::index_sequence<kR...>) {
-  return {&Tile<kM, static_cast<int>(kR) + 1>...};
-}
-
-// kTiles[kM - 1][kR - 1] is Tile<kM, kR>.
-template <size_t... kM>
-constexpr std::array<std::array<TileFn, kTileRows>, sizeof...(kM)> AllTiles(std::index_sequence<kM...>) {
-  return {TilesFor<static_cast<int>(kM) + 1>(std::make_index_sequence<kTileRows>())...};
-}
-constexpr auto kTiles = AllTiles(std::make_index_sequence<kPassRows>());
+using PassFn = void (*)(const int8_t*, int64_t, const uint8_t*, const uint8_t*, int64_t, bool, int32_t*, int64_t,
+                        const __mmask16 (&)[4]);
+constexpr PassFn kPasses[kPassRows] = {&Pass<1>, &Pass<2>, &Pass<3>, &Pass<4>, &Pass<5>, &Pass<6>};
 
 #endif
 
@@ -139,28 +109,69 @@ bool Int8GemvSupported() {
   return f.avx512f && f.avx512bw && f.avx512vnni;
 }
 
+int64_t Int8GemvPackedBytes(int64_t n, int64_t k) { return RoundUp(n, kBlockCols) * RoundUp(k, 4); }
+
+void PackInt8Gemv(const int8_t* w, int64_t n, int64_t k, uint8_t* packed) {
+  const int64_t groups = CeilDiv(k, 4);
+  ParallelFor(CeilDiv(n, kBlockCols), [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      for (int64_t g = 0; g < groups; ++g) {
+        uint8_t* group = packed + (b * groups + g) * kGroupBytes;
+        for (int64_t j = 0; j < kBlockCols; ++j) {
+          for (int64_t q = 0; q < 4; ++q) {
+            const int64_t col = b * kBlockCols + j, p = 4 * g + q;
+            const int8_t value = col < n && p < k ? w[col * k + p] : 0;
+            group[4 * j + q] = static_cast<uint8_t>(value) ^ 0x80;
+          }
+        }
+      }
+    }
+  });
+}
+
 #if defined(__x86_64__)
-void Int8Gemv(const int8_t* x, int64_t m, const int8_t* w, int64_t n, int64_t k, int32_t* y) {
+void Int8Gemv(const int8_t* x, int64_t m, const uint8_t* packed, int64_t n, int64_t k, int32_t* y) {
   MOE_CHECK(Int8GemvSupported(), "Int8Gemv: this CPU lacks AVX-512 VNNI");
-  std::vector<int32_t> x_sums(m);
-  for (int64_t i = 0; i < m; ++i) x_sums[i] = RowSum(x + i * k, k);
-  ParallelFor((n + kTileRows - 1) / kTileRows, [&](int64_t begin, int64_t end) {
-    for (int64_t t = begin; t < end; ++t) {
-      const int64_t j = t * kTileRows;
-      const int64_t rows = std::min<int64_t>(kTileRows, n - j);
-      // The next tile, while the first pass streams this one: the hardware prefetchers alone leave
-      // the loads waiting on memory (1.4x faster at 4 rows). A last tile prefetches itself.
-      const int8_t* next = j + kTileRows + rows <= n ? w + (j + kTileRows) * k : w + j * k;
-      for (int64_t i = 0; i < m; i += kPassRows) {
-        const int64_t pass = std::min<int64_t>(kPassRows, m - i);
-        kTiles[pass - 1][rows - 1](x + i * k, x_sums.data() + i, w + j * k, i == 0 ? next : w + j * k, n, k,
-                                   y + i * n + j);
+  std::vector<int32_t> bias(m);
+  for (int64_t i = 0; i < m; ++i) bias[i] = 128 * RowSum(x + i * k, k);
+  // Rows whose k is not a whole number of groups are read from a copy padded with zeros.
+  const int64_t stride = RoundUp(k, 4);
+  std::vector<int8_t> padded;
+  if (stride != k) {
+    padded.assign(m * stride, 0);
+    for (int64_t i = 0; i < m; ++i) std::memcpy(&padded[i * stride], x + i * k, k);
+    x = padded.data();
+  }
+  const int64_t groups = stride / 4;
+  // Passes of equal rows: 8 rows as 4 + 4 rather than 6 + 2.
+  const int64_t pass_rows = CeilDiv(m, CeilDiv(m, int64_t{kPassRows}));
+  ParallelFor(CeilDiv(n, kBlockCols), [&](int64_t begin, int64_t end) {
+    for (int64_t b = begin; b < end; ++b) {
+      const int64_t col = b * kBlockCols;
+      __mmask16 masks[4];
+      for (int v = 0; v < 4; ++v) {
+        const int64_t lanes = std::clamp<int64_t>(n - col - 16 * v, 0, 16);
+        masks[v] = static_cast<__mmask16>((uint32_t{1} << lanes) - 1);
+      }
+      const uint8_t* block = packed + b * groups * kGroupBytes;
+      for (int64_t g = 0; g < groups; g += kChunkGroups) {
+        const int64_t chunk = std::min(kChunkGroups, groups - g);
+        const uint8_t* w = block + g * kGroupBytes;
+        for (int64_t i = 0; i < m; i += pass_rows) {
+          const int64_t rows = std::min(pass_rows, m - i);
+          // Prefetching past the end of `packed` is harmless: a prefetch never faults.
+          kPasses[rows - 1](x + i * stride + 4 * g, stride, w, i == 0 ? w + kPrefetchAhead : w, chunk, g == 0,
+                            y + i * n + col, n, masks);
+        }
+      }
+      for (int64_t i = 0; i < m; ++i) {
+        for (int64_t j = col; j < std::min(n, col + kBlockCols); ++j) y[i * n + j] -= bias[i];
       }
     }
   });
 }
 #else
-void Int8Gemv(const int8_t*, int64_t, const int8_t*, int64_t, int64_t, int32_t*) {
+void Int8Gemv(const int8_t*, int64_t, const uint8_t*, int64_t, int64_t, int32_t*) {
   MOE_CHECK(false, "Int8Gemv needs x86-64");
 }
 #endif

@@ -7,16 +7,24 @@
 namespace moe::kernels::cpu {
 
 // The most activation rows for which Matmul runs Int8Gemv rather than oneDNN's packed GEMM. On the
-// bench model's expert and attention shapes, weights streamed from DRAM, 1 and 2 threads, Int8Gemv
-// is 1.6-1.8x faster at 1-2 rows, 1.4-1.6x at 4, 1.1-1.3x at 8, even at 12 and 0.8x at 16.
-inline constexpr int64_t kInt8GemvMaxRows = 8;
+// bench model's expert and attention shapes, weights streamed from DRAM, 2 threads of an AMD EPYC
+// with AVX-512 VNNI, Int8Gemv is 1.0-1.3x faster than oneDNN at 1-12 rows, even at 16 and
+// 0.83-0.95x at 32-64.
+inline constexpr int64_t kInt8GemvMaxRows = 16;
 
 // Whether the CPU has what Int8Gemv needs: AVX-512F, AVX-512BW and AVX512_VNNI.
 bool Int8GemvSupported();
 
-// y[i, j] = sum over p of x[i, p] * w[j, p], in INT32, for x [m, k] and w [n, k] row-major: exact
-// for any values and k up to 2^16. Needs Int8GemvSupported().
-void Int8Gemv(const int8_t* x, int64_t m, const int8_t* w, int64_t n, int64_t k, int32_t* y);
+// The bytes of an [n, k] I8 weight as PackInt8Gemv lays it out: n rounded up to 64, k to 4.
+int64_t Int8GemvPackedBytes(int64_t n, int64_t k);
+
+// Lays out w [n, k] row-major for Int8Gemv (see int8_gemv.cc) into `packed`, of
+// Int8GemvPackedBytes(n, k) bytes.
+void PackInt8Gemv(const int8_t* w, int64_t n, int64_t k, uint8_t* packed);
+
+// y[i, j] = sum over p of x[i, p] * w[j, p], in INT32, for x [m, k] row-major and w [n, k] as
+// PackInt8Gemv laid it out: exact for any values and k up to 2^16. Needs Int8GemvSupported().
+void Int8Gemv(const int8_t* x, int64_t m, const uint8_t* packed, int64_t n, int64_t k, int32_t* y);
 
 // The same products by oneDNN's GEMM (matmul.cc) on `packed`, the weight as PackMatmulWeight lays
 // it out: what Matmul runs above kInt8GemvMaxRows rows. Returns where they are: y, or, when m is

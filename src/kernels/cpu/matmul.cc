@@ -5,7 +5,7 @@
 // to its bucket. The packed path runs 1.3-8x faster than the plain one at M = 1..512 on the bench
 // model's expert shapes (AMX brgemm; bench/RESULTS.md), because the plain one repacks the weight
 // on every call. I8 weights at up to kInt8GemvMaxRows rows skip oneDNN for Int8Gemv, which streams
-// the plain weight faster (int8_gemv.h).
+// a weight laid out for it faster (int8_gemv.h).
 #include <algorithm>
 #include <bit>
 #include <cstring>
@@ -164,8 +164,9 @@ void Execute(const void* src, const float* src_scales, int64_t m, const Weight& 
   // are scaled into y.
   static_assert(sizeof(int32_t) == sizeof(float));
   const int32_t* products = reinterpret_cast<const int32_t*>(y);
-  if (w.dtype == DType::kI8 && m <= cpu::kInt8GemvMaxRows && cpu::Int8GemvSupported()) {
-    cpu::Int8Gemv(static_cast<const int8_t*>(src), m, w.as<int8_t>(), n, k, reinterpret_cast<int32_t*>(y));
+  if (weight.gemv_packed && m <= cpu::kInt8GemvMaxRows) {
+    cpu::Int8Gemv(static_cast<const int8_t*>(src), m, static_cast<const uint8_t*>(weight.gemv_packed), n, k,
+                  reinterpret_cast<int32_t*>(y));
   } else if (weight.packed) {
     MOE_CHECK(w.dtype == DType::kI8, "only I8 weights are packed");
     products = cpu::Int8GemmPacked(static_cast<const int8_t*>(src), m, k, n, weight.packed,
@@ -197,6 +198,15 @@ Tensor PackMatmulWeight(const TensorView& w) {
   dnnl::stream stream(CpuEngine());
   dnnl::reorder(plain, blocked).execute(stream, plain, blocked);
   stream.wait();
+  return packed;
+}
+
+Tensor PackGemvWeight(const TensorView& w) {
+  MOE_CHECK(w.dtype == DType::kI8 && w.shape.size() == 2, "PackGemvWeight takes a 2-D I8 weight");
+  if (!cpu::Int8GemvSupported()) return {};
+  const int64_t n = w.dim(0), k = w.dim(1);
+  Tensor packed(DType::kI8, {cpu::Int8GemvPackedBytes(n, k)});
+  cpu::PackInt8Gemv(w.as<int8_t>(), n, k, reinterpret_cast<uint8_t*>(packed.data<int8_t>()));
   return packed;
 }
 
