@@ -15,7 +15,7 @@ namespace {
 // in a fixed order.
 Tensor HeadLogits(const Linear& head, const float* hidden, int64_t rows) {
   Tensor logits = Tensor::F32({rows, head.rows()});
-  if (head.weight.dtype() == DType::kI8) {
+  if (head.dtype == DType::kI8) {
     kernels::MatmulTwoPart(hidden, rows, head.view(), logits.data<float>());
   } else {
     kernels::BatchInvariantMatmul(hidden, rows, head.view(), logits.data<float>());

@@ -7,9 +7,9 @@
 namespace moe {
 
 void MlpForward(const MlpWeights& w, const float* x, int64_t tokens, float* out) {
-  if (w.gate.weight.dtype() == DType::kI8) {
+  if (w.gate.dtype == DType::kI8) {
     // Gate and up read the same activations: quantize them once.
-    const int64_t hidden = w.gate.weight.dim(1);
+    const int64_t hidden = w.gate.in;
     const auto x_int8 = std::make_unique_for_overwrite<int8_t[]>(tokens * hidden);
     const auto x_scales = std::make_unique_for_overwrite<float[]>(tokens);
     kernels::QuantizeRows(x, tokens, hidden, x_int8.get(), x_scales.get());

@@ -107,7 +107,7 @@ class LocalPending final : public PendingExperts {
       total += static_cast<int64_t>(assigned_[e].size());
     }
     // INT8 experts take each token quantized once, not once per expert it goes to.
-    const bool int8 = !active.empty() && moe_.experts[active[0]].gate.weight.dtype() == DType::kI8;
+    const bool int8 = !active.empty() && moe_.experts[active[0]].gate.dtype == DType::kI8;
     std::vector<int8_t> x_int8(int8 ? tokens_ * hidden : 0);
     std::vector<float> x_scales(int8 ? tokens_ : 0);
     if (int8) kernels::QuantizeRows(x_, tokens_, hidden, x_int8.data(), x_scales.data());

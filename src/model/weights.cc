@@ -124,7 +124,9 @@ void SplitAbsorbedWeights(const ModelConfig& c, const Tensor& kv_b, DType dtype,
 Linear MakeLinear(Tensor w, DType dtype) {
   MOE_CHECK(w.dtype() == DType::kF32 && w.shape().size() == 2, "MakeLinear takes a 2-D F32 tensor");
   Linear linear;
-  const int64_t rows = w.dim(0), cols = w.dim(1);
+  linear.dtype = dtype;
+  linear.out = w.dim(0);
+  linear.in = w.dim(1);
   switch (dtype) {
     case DType::kF32:
       linear.weight = std::move(w);
@@ -133,13 +135,15 @@ Linear MakeLinear(Tensor w, DType dtype) {
       linear.weight = Tensor(DType::kBF16, w.shape());
       for (int64_t i = 0; i < w.numel(); ++i) linear.weight.data<bf16>()[i] = F32ToBf16(w.data<float>()[i]);
       break;
-    case DType::kI8:
-      linear.weight = Tensor(DType::kI8, w.shape());
-      linear.row_scales = Tensor::F32({rows});
-      kernels::QuantizeRows(w.data<float>(), rows, cols, linear.weight.data<int8_t>(), linear.row_scales.data<float>());
-      linear.packed = kernels::PackMatmulWeight(linear.weight.view());
-      linear.gemv_packed = kernels::PackGemvWeight(linear.weight.view());
+    case DType::kI8: {
+      Tensor plain(DType::kI8, w.shape());
+      linear.row_scales = Tensor::F32({linear.out});
+      kernels::QuantizeRows(w.data<float>(), linear.out, linear.in, plain.data<int8_t>(),
+                            linear.row_scales.data<float>());
+      linear.packed = kernels::PackMatmulWeight(plain.view());
+      linear.gemv_packed = kernels::PackGemvWeight(plain.view());
       break;
+    }
     default:
       MOE_CHECK(false, "no linear layers in %s", std::string(DTypeName(dtype)).c_str());
   }

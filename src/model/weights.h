@@ -13,16 +13,21 @@
 
 namespace moe {
 
-// A linear layer's [out, in] weight in the run dtype; I8 weights carry one scale per row.
+// A linear layer's [out, in] weight in the run dtype. F32 and BF16 weights are held as they are;
+// I8 weights (one F32 scale per row) only in the layouts the kernels read: the plain one would be
+// a third copy that no kernel reads.
 struct Linear {
-  Tensor weight;
-  Tensor row_scales;  // [out], F32; I8 only
-  Tensor packed;       // I8 only: the weight as kernels::PackMatmulWeight lays it out, which Matmul reads
+  DType dtype = DType::kF32;
+  int64_t out = 0, in = 0;
+  Tensor weight;       // F32 or BF16; empty for I8
+  Tensor row_scales;   // [out], F32; I8 only
+  Tensor packed;       // I8 only: the weight as kernels::PackMatmulWeight lays it out
   Tensor gemv_packed;  // I8 only: as kernels::PackGemvWeight lays it out (empty where unsupported)
 
-  int64_t rows() const { return weight.dim(0); }
+  int64_t rows() const { return out; }
   kernels::Weight view() const {
-    return kernels::Weight(weight.view(), row_scales.empty() ? nullptr : row_scales.data<float>(),
+    return kernels::Weight(TensorView{const_cast<void*>(weight.raw()), dtype, {out, in}},
+                           row_scales.empty() ? nullptr : row_scales.data<float>(),
                            packed.empty() ? nullptr : packed.data<int8_t>(),
                            gemv_packed.empty() ? nullptr : gemv_packed.data<int8_t>());
   }

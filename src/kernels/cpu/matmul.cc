@@ -149,6 +149,7 @@ namespace {
 
 // Products in the weights' type (I8: into y's storage as INT32) through the runtime-M primitive.
 void ExecutePlain(const void* src, int64_t m, const TensorView& w, float* y) {
+  MOE_CHECK(w.data != nullptr, "Matmul: an I8 weight held only packed came without its packed layout");
   const int64_t n = w.dim(0), k = w.dim(1);
   const MatmulPrimitive& p = GetPrimitive(k, n, w.dtype);
   const memory::data_type dt = ToDnnl(w.dtype);
