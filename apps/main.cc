@@ -6,6 +6,7 @@
 #include "base/termination.h"
 
 int main(int argc, char** argv) {
+  moe::ExecWithHugePageHeap(argv);
   // Before any thread starts, so that every thread inherits the mask (see termination.h).
   moe::BlockTerminationSignals();
   moe::ReuseFreedHeapMemory();

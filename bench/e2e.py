@@ -19,7 +19,7 @@ load other processes put on it to FILE (JSON).
 Derived figures:
 - weight bytes per decoded token: what batch-1 decode must read, from config.json and the
   dtype: attention projections (absorbed kv_b), the dense MLP, per MoE layer the F32 router and
-  the num_experts_per_tok routed + shared experts, the lm_head (BF16 under w8a8), norms, one
+  the num_experts_per_tok routed + shared experts, the lm_head (INT8 under w8a8), norms, one
   embedding row; INT8 weights carry one F32 scale per row. Not the latent cache (~0.2% here).
 - batch-1 roofline = measured read bandwidth / those bytes; fraction = measured / roofline.
 - prefill ops = 2 x active linear parameters per token x prompt tokens (attention projections,
