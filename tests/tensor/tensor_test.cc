@@ -16,8 +16,7 @@ bool AllZero(const Tensor& t) {
 uintptr_t Address(const Tensor& t) { return reinterpret_cast<uintptr_t>(t.raw()); }
 
 TEST(Tensor, BuffersAreZeroedAndCacheLineAligned) {
-  // Small ones, and ones of a huge page or more (asked to be backed by huge pages), including
-  // sizes that are not a whole number of pages.
+  // Empty, small, and large ones, including sizes that are not a whole number of pages.
   for (int64_t n : {int64_t{0}, int64_t{1}, int64_t{63}, int64_t{65}, int64_t{1000}, int64_t{1} << 20,
                     (int64_t{5} << 20) + 123}) {
     const Tensor t(DType::kBF16, {n});
