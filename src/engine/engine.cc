@@ -92,7 +92,7 @@ std::vector<RequestOutput> Engine::Step() {
   std::vector<const ScheduledRequest*> samplers;
   int64_t rows = 0;
   for (const ScheduledRequest& s : plan.requests) {
-    chunks.push_back({s.token_ids, s.position, s.block_ids});
+    chunks.push_back({s.token_ids, s.position, s.block_ids, scheduler_.Find(s.id)->num_prompt_tokens});
     rows += static_cast<int64_t>(s.token_ids.size());
     if (s.samples) {
       sample_rows.push_back(rows - 1);

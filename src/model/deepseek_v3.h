@@ -20,6 +20,9 @@ struct SequenceChunk {
   std::span<const int32_t> tokens;
   int64_t start = 0;
   std::span<const int32_t> block_table;
+  // Positions below this hold the prompt: they attend in the expanded form, the positions after
+  // them (generated tokens, also when recomputed after a preemption) in the absorbed form.
+  int64_t prompt_tokens = 0;
 };
 
 class DeepseekV3Model {

@@ -191,33 +191,55 @@ void MlaForward(const AttentionWeights& w, const ModelConfig& c, const Rope& rop
     }
   }
 
-  const AttentionForm form = sequences.empty() ? AttentionForm::kAbsorbed : sequences[0].form;
-  for (const MlaSequence& s : sequences) MOE_CHECK(s.form == form, "MlaForward takes one attention form per batch");
+  // The absorbed sequences' rows one after the other (all rows, when no sequence is expanded), for
+  // the per-head GEMMs that fold kv_b into their queries and outputs.
   const int64_t vdim = c.v_head_dim;
+  std::vector<int64_t> first_row(sequences.size()), first_absorbed_row(sequences.size());
+  int64_t absorbed_rows = 0;
+  for (size_t i = 0, r = 0; i < sequences.size(); r += sequences[i].tokens, ++i) {
+    first_row[i] = static_cast<int64_t>(r);
+    first_absorbed_row[i] = absorbed_rows;
+    if (sequences[i].form == AttentionForm::kAbsorbed) absorbed_rows += sequences[i].tokens;
+  }
+  // Copies each absorbed sequence's rows of `width` floats between the batch's rows and the
+  // absorbed rows.
+  auto move_absorbed_rows = [&](const float* from, float* to, int64_t width, bool to_batch) {
+    for (size_t i = 0; i < sequences.size(); ++i) {
+      if (sequences[i].form != AttentionForm::kAbsorbed) continue;
+      const int64_t batch_offset = first_row[i] * width, absorbed_offset = first_absorbed_row[i] * width;
+      std::memcpy(to + (to_batch ? batch_offset : absorbed_offset), from + (to_batch ? absorbed_offset : batch_offset),
+                  sequences[i].tokens * width * sizeof(float));
+    }
+  };
+  const bool all_absorbed = absorbed_rows == rows;
   std::unique_ptr<float[]> q_lat, q_pe, o_lat;
-  if (form == AttentionForm::kAbsorbed) {
-    q_lat = std::make_unique_for_overwrite<float[]>(rows * heads * lora);
-    q_pe = std::make_unique_for_overwrite<float[]>(rows * heads * rope_dim);
-    o_lat = std::make_unique_for_overwrite<float[]>(rows * heads * lora);
-    AbsorbQueries(w, c, q.get(), rows, q_lat.get(), q_pe.get());
+  if (absorbed_rows > 0) {
+    q_lat = std::make_unique_for_overwrite<float[]>(absorbed_rows * heads * lora);
+    q_pe = std::make_unique_for_overwrite<float[]>(absorbed_rows * heads * rope_dim);
+    o_lat = std::make_unique_for_overwrite<float[]>(absorbed_rows * heads * lora);
+    std::unique_ptr<float[]> gathered;
+    if (!all_absorbed) {
+      gathered = std::make_unique_for_overwrite<float[]>(absorbed_rows * heads * qk);
+      move_absorbed_rows(q.get(), gathered.get(), heads * qk, /*to_batch=*/false);
+    }
+    AbsorbQueries(w, c, all_absorbed ? q.get() : gathered.get(), absorbed_rows, q_lat.get(), q_pe.get());
   }
   const auto attn = std::make_unique_for_overwrite<float[]>(rows * heads * vdim);
-  std::vector<int64_t> first_row(sequences.size());
-  for (size_t i = 0, r = 0; i < sequences.size(); r += sequences[i].tokens, ++i) first_row[i] = static_cast<int64_t>(r);
   auto attend = [&](size_t i) {
     const MlaSequence& s = sequences[i];
     std::optional<LayerKvCache> gathered;
     const LayerKvCache& view = ContiguousRows(cache, s.block_table, block_size, s.start + s.tokens, gathered);
-    const int64_t r = first_row[i];
-    if (form == AttentionForm::kExpanded) {
+    if (s.form == AttentionForm::kExpanded) {
+      const int64_t r = first_row[i];
       ExpandedAttention(w, c, q.get() + r * heads * qk, s.tokens, s.start, view, attn.get() + r * heads * vdim);
     } else {
+      const int64_t r = first_absorbed_row[i];
       LatentAttend(c, q_lat.get() + r * heads * lora, q_pe.get() + r * heads * rope_dim, s.tokens, s.start, view,
                    o_lat.get() + r * heads * lora);
     }
   };
   // A prompt's attention gets every thread; single-token (decode) sequences run one per thread,
-  // each too little work to split across threads (under W8A8 the bits are the same either way).
+  // each too little work to split across threads (the kernels give the same bits either way).
   std::vector<size_t> decodes;
   for (size_t i = 0; i < sequences.size(); ++i) {
     if (sequences[i].tokens == 1) {
@@ -229,7 +251,13 @@ void MlaForward(const AttentionWeights& w, const ModelConfig& c, const Rope& rop
   ParallelFor(static_cast<int64_t>(decodes.size()), [&](int64_t begin, int64_t end) {
     for (int64_t j = begin; j < end; ++j) attend(decodes[j]);
   });
-  if (form == AttentionForm::kAbsorbed) AbsorbOutputs(w, c, o_lat.get(), rows, attn.get());
+  if (absorbed_rows > 0 && all_absorbed) {
+    AbsorbOutputs(w, c, o_lat.get(), rows, attn.get());
+  } else if (absorbed_rows > 0) {
+    const auto absorbed_attn = std::make_unique_for_overwrite<float[]>(absorbed_rows * heads * vdim);
+    AbsorbOutputs(w, c, o_lat.get(), absorbed_rows, absorbed_attn.get());
+    move_absorbed_rows(absorbed_attn.get(), attn.get(), heads * vdim, /*to_batch=*/true);
+  }
   kernels::Matmul(attn.get(), rows, w.o_proj.view(), out);
 }
 

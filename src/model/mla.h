@@ -26,8 +26,8 @@ struct MlaSequence {
 
 // x: [rows, hidden], already normalized, the sequences' rows one after the other. The projections
 // run on all rows at once; each sequence writes its new latents into its cache slots, rounded to
-// the cache's dtype, and attends over its own positions. Every sequence has the same form. Writes the attention output (after
-// o_proj) to out: [rows, hidden].
+// the cache's dtype, and attends over its own positions in its own form. Writes the attention
+// output (after o_proj) to out: [rows, hidden].
 void MlaForward(const AttentionWeights& w, const ModelConfig& config, const Rope& rope, const float* x,
                 std::span<const MlaSequence> sequences, LayerKvCache& cache, int64_t block_size, float* out);
 

@@ -178,18 +178,5 @@ TEST(RopeTest, MatchesReferenceAndPreservesNorm) {
   ExpectNear(x, want, 1e-5f);
 }
 
-TEST(AttentionTest, MatchesReference) {
-  for (int64_t q_offset : {0, 5}) {
-    AttentionParams p{.tokens = 4, .keys = q_offset + 4, .heads = 3, .qk_dim = 11, .v_dim = 7,
-                      .q_offset = q_offset, .scale = 0.3f};
-    std::vector<float> q = Random(p.tokens * p.heads * p.qk_dim, 10), k = Random(p.keys * p.heads * p.qk_dim, 11);
-    std::vector<float> v = Random(p.keys * p.heads * p.v_dim, 12);
-    std::vector<float> out(p.tokens * p.heads * p.v_dim), want(out.size());
-    Attention(q.data(), k.data(), v.data(), p, out.data());
-    ref::Attention(q.data(), k.data(), v.data(), p, want.data());
-    ExpectNear(out, want, 1e-5f);
-  }
-}
-
 }  // namespace
 }  // namespace moe::kernels

@@ -1,9 +1,10 @@
 // Under W8A8 a token's hidden state and logits are the same bits however its sequence is chunked
-// and whatever else shares the batch: here three sequences (600, 300 and 50 tokens) run once each
-// as one chunk over blocks in order, then in chunks of 1 to 70 tokens, batched together in varying
-// orders over shuffled blocks, and every row is compared. This holds because every token attends
-// in the absorbed form, the latent attention cuts a token's keys by how many it sees, INT8 GEMMs
-// sum exactly and the router and lm_head sum in a fixed order. (The engine-level version, with the
+// and whatever else shares the batch: here three sequences (600, 300 and 50 tokens, of which 400,
+// 300 and 20 are prompt) run once each as one chunk over blocks in order, then in chunks of 1 to
+// 70 tokens, batched together in varying orders over shuffled blocks, and every row is compared.
+// This holds because a position's attention form goes by whether it is a prompt position, both
+// attention kernels tile keys from position 0 whoever asks, INT8 GEMMs sum exactly and the router
+// and lm_head sum in a fixed order. (The engine-level version, with the
 // scheduler's chunking, prefix caching and preemption, is tests/engine/engine_test.cc.)
 #include <algorithm>
 #include <cstring>
@@ -21,6 +22,7 @@ namespace {
 
 struct Sequence {
   std::vector<int32_t> tokens;
+  int64_t prompt_tokens = 0;
   std::vector<int32_t> block_table;
 };
 
@@ -38,10 +40,11 @@ TEST(BatchInvarianceTest, W8a8RowsDoNotDependOnChunkingOrBatch) {
   std::mt19937 rng(7);
 
   std::vector<Sequence> sequences(3);
-  const int64_t lengths[] = {600, 300, 50};
+  const int64_t lengths[] = {600, 300, 50}, prompts[] = {400, 300, 20};
   int64_t total_blocks = 0;
   for (size_t s = 0; s < sequences.size(); ++s) {
     sequences[s].tokens.resize(lengths[s]);
+    sequences[s].prompt_tokens = prompts[s];
     for (int32_t& t : sequences[s].tokens) t = static_cast<int32_t>(rng() % model.config().vocab_size);
     total_blocks += (lengths[s] + kBlockSize - 1) / kBlockSize;
   }
@@ -53,7 +56,7 @@ TEST(BatchInvarianceTest, W8a8RowsDoNotDependOnChunkingOrBatch) {
     std::vector<int32_t> table((n + kBlockSize - 1) / kBlockSize);
     std::iota(table.begin(), table.end(), 0);
     PagedKvCache cache = model.NewPagedCache(static_cast<int64_t>(table.size()), kBlockSize);
-    const SequenceChunk chunk{s.tokens, 0, table};
+    const SequenceChunk chunk{s.tokens, 0, table, s.prompt_tokens};
     hidden_alone.push_back(model.Forward(std::span(&chunk, 1), cache, experts));
     logits_alone.push_back(model.Logits(hidden_alone.back().data<float>(), n));
   }
@@ -84,7 +87,8 @@ TEST(BatchInvarianceTest, W8a8RowsDoNotDependOnChunkingOrBatch) {
       const int64_t left = static_cast<int64_t>(sequences[s].tokens.size()) - done[s];
       const int64_t n = std::min<int64_t>(left, rng() % 3 == 0 ? 1 : 1 + rng() % 70);
       one_token_chunks += n == 1;
-      chunks.push_back({std::span(sequences[s].tokens).subspan(done[s], n), done[s], sequences[s].block_table});
+      chunks.push_back({std::span(sequences[s].tokens).subspan(done[s], n), done[s], sequences[s].block_table,
+                        sequences[s].prompt_tokens});
       for (int64_t i = 0; i < n; ++i) rows.push_back({s, done[s] + i});
       done[s] += n;
     }

@@ -1,59 +1,126 @@
-// Expanded-form attention over a contiguous cache, one (token, head) pair per task: scores,
-// softmax, then the probability-weighted sum of values. (The absorbed form is in
-// latent_attention.cc.)
+// Attention on the CPU: causal multi-head attention in the expanded form, for prompt tokens
+// (decode tokens take the absorbed form, latent_attention.cc).
+//
+// Flash-attention layout. A task is one head of up to kAttentionQueryBlock consecutive tokens; it
+// walks that head's keys once, in tiles of kAttentionKeyTile keys, keeping each row's online-
+// softmax state (running max m, sum l, output O) across tiles, so a tile is read from cache once
+// per block of rows instead of once per row. Before its first task on a head, a thread lays the
+// head's keys out transposed per tile and its values padded (HeadTiles), the form the AVX-512 loops
+// read without gathers. Tasks run head-major, so the threads split the heads and a thread lays out
+// each head once.
+//
+// Online softmax in base 2, as in latent_attention.cc: scores are scaled by scale * log2(e), and
+// when a tile raises a row's max from m to m', l and O are multiplied by 2^(m - m').
+//
+// Independence from the batch: a row's arithmetic depends only on its query, its position and the
+// keys (tiles start at multiples of kAttentionKeyTile of the keys, and a row's keys past its
+// position weigh exactly zero), never on which other rows share its block or its thread. So a
+// prompt token's output is the same bits whether the prompt comes whole or in chunks, which is
+// what lets the engine run prompt tokens in this form and keep its outputs batch-invariant.
+#include "kernels/cpu/attention.h"
+
 #include <algorithm>
 #include <cmath>
+#include <numbers>
 #include <vector>
 
+#include "base/check.h"
+#include "base/int_math.h"
 #include "base/thread_pool.h"
-#include "kernels/kernels.h"
 
-namespace moe::kernels {
+namespace moe::kernels::cpu {
 namespace {
 
-float Dot(const float* a, const float* b, int64_t n) {
-  float acc = 0;
-  for (int64_t i = 0; i < n; ++i) acc += a[i] * b[i];
-  return acc;
-}
-
-// Turns scores into probabilities in place.
-void Softmax(float* scores, int64_t n) {
-  float max = -INFINITY;
-  for (int64_t i = 0; i < n; ++i) max = std::max(max, scores[i]);
-  float sum = 0;
-  for (int64_t i = 0; i < n; ++i) sum += (scores[i] = std::exp(scores[i] - max));
-  const float inv = 1.0f / sum;
-  for (int64_t i = 0; i < n; ++i) scores[i] *= inv;
-}
-
-// out[0..dim) = sum_s probs[s] * rows[s * row_stride + 0..dim)
-void WeightedSum(const float* probs, int64_t count, const float* rows, int64_t row_stride,
-                 int64_t dim, float* out) {
-  std::fill(out, out + dim, 0.0f);
-  for (int64_t s = 0; s < count; ++s) {
-    const float* row = rows + s * row_stride;
-    for (int64_t i = 0; i < dim; ++i) out[i] += probs[s] * row[i];
-  }
-}
-
-}  // namespace
-
-void Attention(const float* q, const float* k, const float* v, const AttentionParams& p, float* out) {
+// One (token, head) pair at a time: scores, softmax, then the probability-weighted sum of values.
+void AttentionGeneric(const float* q, const float* k, const float* v, const AttentionParams& p, float* out) {
   ParallelFor(p.tokens * p.heads, [&](int64_t begin, int64_t end) {
     std::vector<float> scores(p.keys);
     for (int64_t task = begin; task < end; ++task) {
       const int64_t t = task / p.heads, h = task % p.heads;
       const int64_t visible = p.q_offset + t + 1;
       const float* qv = q + task * p.qk_dim;
+      float max = -INFINITY;
       for (int64_t s = 0; s < visible; ++s) {
-        scores[s] = Dot(qv, k + (s * p.heads + h) * p.qk_dim, p.qk_dim) * p.scale;
+        const float* kv = k + (s * p.heads + h) * p.qk_dim;
+        float dot = 0;
+        for (int64_t i = 0; i < p.qk_dim; ++i) dot += qv[i] * kv[i];
+        scores[s] = dot * p.scale;
+        max = std::max(max, scores[s]);
       }
-      Softmax(scores.data(), visible);
-      WeightedSum(scores.data(), visible, v + h * p.v_dim, p.heads * p.v_dim, p.v_dim,
-                  out + task * p.v_dim);
+      float sum = 0;
+      for (int64_t s = 0; s < visible; ++s) sum += (scores[s] = std::exp(scores[s] - max));
+      float* o = out + task * p.v_dim;
+      std::fill(o, o + p.v_dim, 0.0f);
+      for (int64_t s = 0; s < visible; ++s) {
+        const float* row = v + (s * p.heads + h) * p.v_dim;
+        const float weight = scores[s] / sum;
+        for (int64_t i = 0; i < p.v_dim; ++i) o[i] += weight * row[i];
+      }
     }
   });
+}
+
+// Head h's keys [0, keys) transposed per tile into kt, its values padded into v (see HeadTiles).
+void LayOutHead(const float* k, const float* v, const AttentionParams& p, int64_t h, int64_t v_stride, float* kt,
+                float* vt) {
+  const int64_t tiles = CeilDiv(p.keys, kAttentionKeyTile);
+  std::fill(kt, kt + tiles * p.qk_dim * kAttentionKeyTile, 0.0f);
+  for (int64_t s = 0; s < p.keys; ++s) {
+    const float* key = k + (s * p.heads + h) * p.qk_dim;
+    float* column = kt + (s / kAttentionKeyTile) * p.qk_dim * kAttentionKeyTile + s % kAttentionKeyTile;
+    for (int64_t d = 0; d < p.qk_dim; ++d) column[d * kAttentionKeyTile] = key[d];
+    float* value = vt + s * v_stride;
+    std::copy_n(v + (s * p.heads + h) * p.v_dim, p.v_dim, value);
+    std::fill(value + p.v_dim, value + v_stride, 0.0f);
+  }
+}
+
+void AttentionAvx512(const float* q, const float* k, const float* v, const AttentionParams& p, float* out) {
+  const int64_t blocks = CeilDiv(p.tokens, kAttentionQueryBlock);
+  const int64_t v_stride = RoundUp(p.v_dim, 16);
+  const float score_scale = p.scale * std::numbers::log2e_v<float>;
+  ParallelFor(p.heads * blocks, [&](int64_t begin, int64_t end) {
+    std::vector<float> kt(CeilDiv(p.keys, kAttentionKeyTile) * kAttentionKeyTile * p.qk_dim);
+    std::vector<float> vt(p.keys * v_stride), scratch(AttendBlockScratch(v_stride));
+    int64_t laid_out = -1;
+    for (int64_t task = begin; task < end; ++task) {
+      const int64_t h = task / blocks, first = task % blocks * kAttentionQueryBlock;
+      if (h != laid_out) {
+        LayOutHead(k, v, p, h, v_stride, kt.data(), vt.data());
+        laid_out = h;
+      }
+      const QueryBlock block{.q = q + (first * p.heads + h) * p.qk_dim,
+                             .q_stride = p.heads * p.qk_dim,
+                             .rows = std::min(kAttentionQueryBlock, p.tokens - first),
+                             .first_position = p.q_offset + first,
+                             .out = out + (first * p.heads + h) * p.v_dim,
+                             .out_stride = p.heads * p.v_dim,
+                             .v_dim = p.v_dim,
+                             .score_scale = score_scale};
+      AttendBlockAvx512(block, HeadTiles{p.qk_dim, v_stride, kt.data(), vt.data()}, scratch.data());
+    }
+  });
+}
+
+}  // namespace
+
+void Attention(Isa isa, const float* q, const float* k, const float* v, const AttentionParams& p, float* out) {
+  MOE_CHECK(isa == Isa::kGeneric || isa == Isa::kAvx512, "Attention has no variant for this ISA");
+  MOE_CHECK(IsaSupported(isa), "Attention: this CPU cannot run the requested ISA");
+  if (isa == Isa::kAvx512) {
+    AttentionAvx512(q, k, v, p, out);
+  } else {
+    AttentionGeneric(q, k, v, p, out);
+  }
+}
+
+}  // namespace moe::kernels::cpu
+
+namespace moe::kernels {
+
+void Attention(const float* q, const float* k, const float* v, const AttentionParams& p, float* out) {
+  static const cpu::Isa isa = cpu::IsaSupported(cpu::Isa::kAvx512) ? cpu::Isa::kAvx512 : cpu::Isa::kGeneric;
+  cpu::Attention(isa, q, k, v, p, out);
 }
 
 }  // namespace moe::kernels

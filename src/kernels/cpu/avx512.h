@@ -15,4 +15,17 @@
 #define MOE_AVX512 __attribute__((target("avx512f")))
 #define MOE_AVX512_VNNI __attribute__((target("avx512f,avx512bw,avx512vnni")))
 
+namespace moe::kernels::cpu {
+
+// A vector loaded once for several FMAs. GCC would otherwise fold the load into every FMA that
+// uses it, as a memory operand, issuing it once per use; on the machine measured (see
+// bench/RESULTS.md) 512-bit loads, not FMAs, then set the pace.
+MOE_AVX512 inline __m512 LoadOnce(const float* p) {
+  __m512 v = _mm512_loadu_ps(p);
+  asm("" : "+v"(v));
+  return v;
+}
+
+}  // namespace moe::kernels::cpu
+
 #endif

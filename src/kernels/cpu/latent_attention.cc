@@ -56,7 +56,6 @@
 #include <type_traits>
 #include <vector>
 
-#include "base/cpu_features.h"
 #include "base/int_math.h"
 #include "base/thread_pool.h"
 
@@ -437,16 +436,6 @@ const LatentOps& GenericLatentOps() {
 
 RowLayout::RowLayout(const LatentAttentionParams& p)
     : lora(RoundUp(p.kv_lora, kLatentLanes)), dim(lora + RoundUp(p.rope, kLatentLanes)) {}
-
-bool IsaSupported(Isa isa) {
-  const CpuFeatures& cpu = GetCpuFeatures();
-  switch (isa) {
-    case Isa::kGeneric: return true;
-    case Isa::kAvx512: return cpu.avx512f;
-    case Isa::kAmx: return cpu.avx512f && cpu.avx512bw && cpu.amx_bf16;
-  }
-  return false;
-}
 
 Isa BestLatentIsa() {
   static const Isa isa = IsaSupported(Isa::kAmx)      ? Isa::kAmx

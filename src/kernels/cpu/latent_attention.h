@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <memory>
 
+#include "kernels/cpu/isa.h"
 #include "kernels/kernels.h"
 
 namespace moe::kernels::cpu {
@@ -68,11 +69,8 @@ class KeyTileKernel {
   virtual void Accumulate(const float* p, const int64_t* counts, int64_t row_begin, float* o) = 0;
 };
 
-enum class Isa { kGeneric, kAvx512, kAmx };
-
 // The variant this CPU runs best, chosen once.
 Isa BestLatentIsa();
-bool IsaSupported(Isa isa);
 
 // The tile kernel of `isa` for up to max_rows query rows. kAmx takes BF16 tiles only (over an F32
 // cache it is kAvx512's).

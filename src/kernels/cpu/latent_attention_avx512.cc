@@ -25,15 +25,6 @@ MOE_AVX512 inline float Sum(__m512 v) {
 
 __mmask16 TailMask(int64_t n) { return static_cast<__mmask16>((1u << n) - 1); }
 
-// A vector loaded once for several FMAs. GCC would otherwise fold the load into every FMA that
-// uses it, as a memory operand, issuing it once per use; on the machine measured (see
-// bench/RESULTS.md) 512-bit loads, not FMAs, then set the pace.
-MOE_AVX512 inline __m512 LoadOnce(const float* p) {
-  __m512 v = _mm512_loadu_ps(p);
-  asm("" : "+v"(v));
-  return v;
-}
-
 // kHeads x kKeys dot products at once: each key vector loaded serves every head and each query
 // vector every key, so the loop issues two FMAs per load at 4 x 4.
 template <int kHeads, int kKeys>

@@ -1,0 +1,115 @@
+// Attention (expanded form): every ISA variant the machine runs against kernels/ref, on odd sizes
+// and on DeepSeek-V3's head sizes across several key tiles; and a token's output the same bits
+// whether its prompt comes whole or in chunks.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include <gtest/gtest.h>
+
+#include "kernels/cpu/attention.h"
+#include "kernels/kernels.h"
+#include "kernels/ref/ref.h"
+#include "random_data.h"
+
+namespace moe::kernels {
+namespace {
+
+using cpu::Isa;
+
+std::vector<Isa> SupportedIsas() {
+  std::vector<Isa> isas;
+  for (Isa isa : {Isa::kGeneric, Isa::kAvx512}) {
+    if (cpu::IsaSupported(isa)) isas.push_back(isa);
+  }
+  return isas;
+}
+
+struct Problem {
+  AttentionParams p;
+  std::vector<float> q, k, v;
+};
+
+Problem RandomProblem(AttentionParams p, uint32_t seed, float q_scale = 1.0f) {
+  return {p, Random(p.tokens * p.heads * p.qk_dim, seed, q_scale), Random(p.keys * p.heads * p.qk_dim, seed + 1),
+          Random(p.keys * p.heads * p.v_dim, seed + 2)};
+}
+
+std::vector<float> RunAttention(const Problem& pr, Isa isa) {
+  std::vector<float> out(pr.p.tokens * pr.p.heads * pr.p.v_dim);
+  cpu::Attention(isa, pr.q.data(), pr.k.data(), pr.v.data(), pr.p, out.data());
+  return out;
+}
+
+// Within 1e-5 of the largest output, as F32 sums of a few hundred products come out against
+// ref's double ones.
+void ExpectMatchesRef(const Problem& pr) {
+  std::vector<float> want(pr.p.tokens * pr.p.heads * pr.p.v_dim);
+  ref::Attention(pr.q.data(), pr.k.data(), pr.v.data(), pr.p, want.data());
+  float scale = 0;
+  for (float w : want) scale = std::max(scale, std::fabs(w));
+  for (Isa isa : SupportedIsas()) {
+    const std::vector<float> got = RunAttention(pr, isa);
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_TRUE(std::isfinite(got[i])) << "isa " << static_cast<int>(isa) << " at " << i;
+      ASSERT_NEAR(got[i], want[i], 1e-5f * scale) << "isa " << static_cast<int>(isa) << " at " << i;
+    }
+  }
+}
+
+TEST(AttentionTest, OddSizesMatchReference) {
+  for (int64_t q_offset : {0, 5, 70}) {
+    for (int64_t tokens : {1, 4, 67}) {
+      const AttentionParams p{.tokens = tokens, .keys = q_offset + tokens, .heads = 3, .qk_dim = 11, .v_dim = 7,
+                              .q_offset = q_offset, .scale = 0.3f};
+      SCOPED_TRACE("q_offset " + std::to_string(q_offset) + ", tokens " + std::to_string(tokens));
+      ExpectMatchesRef(RandomProblem(p, static_cast<uint32_t>(10 + tokens + q_offset)));
+    }
+  }
+}
+
+TEST(AttentionTest, DeepSeekHeadSizesMatchReference) {
+  // qk 192 = nope 128 + rope 64, v 128; a chunk after a cached prefix, crossing key tiles.
+  const AttentionParams p{.tokens = 150, .keys = 300, .heads = 2, .qk_dim = 192, .v_dim = 128, .q_offset = 150,
+                          .scale = 1.0f / std::sqrt(192.0f)};
+  ExpectMatchesRef(RandomProblem(p, 40));
+}
+
+TEST(AttentionTest, PeakedScoresMatchReference) {
+  // Large scores: the running max moves by many units between tiles and most weights underflow.
+  const AttentionParams p{.tokens = 70, .keys = 200, .heads = 2, .qk_dim = 32, .v_dim = 40, .q_offset = 130,
+                          .scale = 1.0f};
+  ExpectMatchesRef(RandomProblem(p, 50, 8.0f));
+}
+
+// A token's output is the same bits in a chunk of any size at any offset: a prompt split at
+// `cuts` gives what the whole prompt gives.
+TEST(AttentionTest, ChunkedPromptGivesTheSameBits) {
+  const int64_t tokens = 203, heads = 3, qk = 40, vdim = 24;
+  const Problem whole = RandomProblem({.tokens = tokens, .keys = tokens, .heads = heads, .qk_dim = qk, .v_dim = vdim,
+                                       .q_offset = 0, .scale = 0.2f},
+                                      60);
+  for (Isa isa : SupportedIsas()) {
+    const std::vector<float> want = RunAttention(whole, isa);
+    for (const std::vector<int64_t>& cuts : {std::vector<int64_t>{1, 64, 130}, std::vector<int64_t>{63, 100, 202}}) {
+      std::vector<int64_t> edges = {0};
+      edges.insert(edges.end(), cuts.begin(), cuts.end());
+      edges.push_back(tokens);
+      for (size_t c = 0; c + 1 < edges.size(); ++c) {
+        Problem chunk = whole;
+        chunk.p.tokens = edges[c + 1] - edges[c];
+        chunk.p.q_offset = edges[c];
+        chunk.p.keys = edges[c + 1];
+        chunk.q.assign(whole.q.begin() + edges[c] * heads * qk, whole.q.begin() + edges[c + 1] * heads * qk);
+        const std::vector<float> got = RunAttention(chunk, isa);
+        ASSERT_EQ(0, std::memcmp(got.data(), want.data() + edges[c] * heads * vdim, got.size() * sizeof(float)))
+            << "isa " << static_cast<int>(isa) << ", chunk from " << edges[c];
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace moe::kernels
