@@ -23,12 +23,14 @@ void CopyColumns(const float* src, int64_t rows, int64_t stride, int64_t col, in
 
 // Rows [0, rows) of a cache tensor in F32: the tensor's own data when it is F32, else a widened
 // copy kept in `widened`.
-const float* CacheRowsF32(const Tensor& t, int64_t rows, std::vector<float>& widened) {
+const float* CacheRowsF32(const Tensor& t, int64_t rows, std::unique_ptr<float[]>& widened) {
   if (t.dtype() == DType::kF32) return t.data<float>();
-  const int64_t n = rows * t.dim(1);
-  widened.resize(n);
-  for (int64_t i = 0; i < n; ++i) widened[i] = Bf16ToF32(t.data<bf16>()[i]);
-  return widened.data();
+  const int64_t width = t.dim(1);
+  widened = std::make_unique_for_overwrite<float[]>(rows * width);
+  ParallelFor(rows, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin * width; i < end * width; ++i) widened[i] = Bf16ToF32(t.data<bf16>()[i]);
+  });
+  return widened.get();
 }
 
 // Stores `rows` rows of F32 values into the cache tensor from row `start`, rounding to its dtype.
@@ -76,23 +78,26 @@ void ExpandedAttention(const AttentionWeights& w, const ModelConfig& c, const fl
                        int64_t start, const LayerKvCache& cache, float* out) {
   const int64_t heads = c.num_attention_heads, nope = c.qk_nope_head_dim, rope = c.qk_rope_head_dim;
   const int64_t vdim = c.v_head_dim, keys = start + tokens, qk = nope + rope;
-  std::vector<float> c_kv_storage, k_pe_storage;
+  std::unique_ptr<float[]> c_kv_storage, k_pe_storage;
   const float* c_kv = CacheRowsF32(cache.c_kv, keys, c_kv_storage);
   const float* k_pe = CacheRowsF32(cache.k_pe, keys, k_pe_storage);
-  std::vector<float> kv(keys * heads * (nope + vdim));
-  kernels::Matmul(c_kv, keys, w.kv_b.view(), kv.data());
-  std::vector<float> k(keys * heads * qk), v(keys * heads * vdim);
-  for (int64_t s = 0; s < keys; ++s) {
-    for (int64_t h = 0; h < heads; ++h) {
-      const float* src = kv.data() + (s * heads + h) * (nope + vdim);
-      float* kd = k.data() + (s * heads + h) * qk;
-      std::memcpy(kd, src, nope * sizeof(float));
-      std::memcpy(kd + nope, k_pe + s * rope, rope * sizeof(float));
-      std::memcpy(v.data() + (s * heads + h) * vdim, src + nope, vdim * sizeof(float));
+  const auto kv = std::make_unique_for_overwrite<float[]>(keys * heads * (nope + vdim));
+  kernels::Matmul(c_kv, keys, w.kv_b.view(), kv.get());
+  const auto k = std::make_unique_for_overwrite<float[]>(keys * heads * qk);
+  const auto v = std::make_unique_for_overwrite<float[]>(keys * heads * vdim);
+  ParallelFor(keys, [&](int64_t begin, int64_t end) {
+    for (int64_t s = begin; s < end; ++s) {
+      for (int64_t h = 0; h < heads; ++h) {
+        const float* src = kv.get() + (s * heads + h) * (nope + vdim);
+        float* kd = k.get() + (s * heads + h) * qk;
+        std::memcpy(kd, src, nope * sizeof(float));
+        std::memcpy(kd + nope, k_pe + s * rope, rope * sizeof(float));
+        std::memcpy(v.get() + (s * heads + h) * vdim, src + nope, vdim * sizeof(float));
+      }
     }
-  }
+  });
   kernels::AttentionParams p{tokens, keys, heads, qk, vdim, start, static_cast<float>(c.SoftmaxScale())};
-  kernels::Attention(q, k.data(), v.data(), p, out);
+  kernels::Attention(q, k.get(), v.get(), p, out);
 }
 
 // fn(h, head_in, head_out) for every head, the threads splitting the heads, each thread with

@@ -21,6 +21,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <memory>
 #include <numbers>
 #include <vector>
 
@@ -63,15 +64,18 @@ void AttentionGeneric(const float* q, const float* k, const float* v, const Atte
 // Head h's keys [0, keys) transposed per tile into kt, its values padded into v (see HeadTiles).
 void LayOutHead(const float* k, const float* v, const AttentionParams& p, int64_t h, int64_t v_stride, float* kt,
                 float* vt) {
-  const int64_t tiles = CeilDiv(p.keys, kAttentionKeyTile);
-  std::fill(kt, kt + tiles * p.qk_dim * kAttentionKeyTile, 0.0f);
+  auto column = [&](int64_t s) { return kt + s / kAttentionKeyTile * p.qk_dim * kAttentionKeyTile + s % kAttentionKeyTile; };
   for (int64_t s = 0; s < p.keys; ++s) {
     const float* key = k + (s * p.heads + h) * p.qk_dim;
-    float* column = kt + (s / kAttentionKeyTile) * p.qk_dim * kAttentionKeyTile + s % kAttentionKeyTile;
-    for (int64_t d = 0; d < p.qk_dim; ++d) column[d * kAttentionKeyTile] = key[d];
+    float* to = column(s);
+    for (int64_t d = 0; d < p.qk_dim; ++d) to[d * kAttentionKeyTile] = key[d];
     float* value = vt + s * v_stride;
     std::copy_n(v + (s * p.heads + h) * p.v_dim, p.v_dim, value);
     std::fill(value + p.v_dim, value + v_stride, 0.0f);
+  }
+  for (int64_t s = p.keys; s < RoundUp(p.keys, kAttentionKeyTile); ++s) {
+    float* to = column(s);
+    for (int64_t d = 0; d < p.qk_dim; ++d) to[d * kAttentionKeyTile] = 0.0f;
   }
 }
 
@@ -80,13 +84,14 @@ void AttentionAvx512(const float* q, const float* k, const float* v, const Atten
   const int64_t v_stride = RoundUp(p.v_dim, 16);
   const float score_scale = p.scale * std::numbers::log2e_v<float>;
   ParallelFor(p.heads * blocks, [&](int64_t begin, int64_t end) {
-    std::vector<float> kt(CeilDiv(p.keys, kAttentionKeyTile) * kAttentionKeyTile * p.qk_dim);
-    std::vector<float> vt(p.keys * v_stride), scratch(AttendBlockScratch(v_stride));
+    const auto kt = std::make_unique_for_overwrite<float[]>(RoundUp(p.keys, kAttentionKeyTile) * p.qk_dim);
+    const auto vt = std::make_unique_for_overwrite<float[]>(p.keys * v_stride);
+    const auto scratch = std::make_unique_for_overwrite<float[]>(AttendBlockScratch(v_stride));
     int64_t laid_out = -1;
     for (int64_t task = begin; task < end; ++task) {
       const int64_t h = task / blocks, first = task % blocks * kAttentionQueryBlock;
       if (h != laid_out) {
-        LayOutHead(k, v, p, h, v_stride, kt.data(), vt.data());
+        LayOutHead(k, v, p, h, v_stride, kt.get(), vt.get());
         laid_out = h;
       }
       const QueryBlock block{.q = q + (first * p.heads + h) * p.qk_dim,
@@ -97,7 +102,7 @@ void AttentionAvx512(const float* q, const float* k, const float* v, const Atten
                              .out_stride = p.heads * p.v_dim,
                              .v_dim = p.v_dim,
                              .score_scale = score_scale};
-      AttendBlockAvx512(block, HeadTiles{p.qk_dim, v_stride, kt.data(), vt.data()}, scratch.data());
+      AttendBlockAvx512(block, HeadTiles{p.qk_dim, v_stride, kt.get(), vt.get()}, scratch.get());
     }
   });
 }
