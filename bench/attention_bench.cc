@@ -1,14 +1,18 @@
 // Decode attention in the absorbed MLA form over the latent cache: one token, 16 heads (the bench
 // model's), kv_lora 512 and rope 64 (DeepSeek-V3's), an F32 or a BF16 cache, AMLA or the plain
 // rescale. Each call reads its cache from memory (see cold.h), as a decode step does.
+// Prompt attention in the expanded form: a whole prompt of 512 or 2048 tokens, 16 heads of qk 192
+// and v 128, with F32 or BF16 products; compute-bound, so against the F32 or BF16 peak.
 #include <cstdint>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "base/cpu_features.h"
 #include "base/thread_pool.h"
 #include "bench.h"
 #include "cold.h"
+#include "kernels/cpu/attention.h"
 #include "kernels/cpu/latent_attention.h"
 #include "roofline.h"
 
@@ -54,6 +58,25 @@ void BM_LatentAttention(benchmark::State& state, kernels::SoftmaxRescale rescale
   ReportRoofline(state, seconds, bytes, ops, Limits().f32_gflops);
 }
 
+void BM_PromptAttention(benchmark::State& state, bool bf16_products) {
+  const int64_t tokens = state.range(0), qk = 192, vdim = 128;
+  std::mt19937 rng(7);
+  const std::vector<float> q = RandomCache<float>(tokens * kHeads * qk, rng);
+  const std::vector<float> k = RandomCache<float>(tokens * kHeads * qk, rng);
+  const std::vector<float> v = RandomCache<float>(tokens * kHeads * vdim, rng);
+  std::vector<float> out(tokens * kHeads * vdim);
+  const kernels::AttentionParams p{.tokens = tokens, .keys = tokens, .heads = kHeads, .qk_dim = qk, .v_dim = vdim,
+                                   .q_offset = 0, .scale = 0.072f, .bf16_products = bf16_products};
+  const double seconds = FastestIteration(state, [&] {
+    kernels::cpu::Attention(kernels::cpu::Isa::kAvx512, q.data(), k.data(), v.data(), p, out.data());
+    benchmark::DoNotOptimize(out.data());
+  });
+  // Causal: query t takes t + 1 keys, each a qk-wide dot product and a v-wide weighted add.
+  const double ops = 2.0 * kHeads * (tokens * (tokens + 1) / 2.0) * (qk + vdim);
+  const double bytes = sizeof(float) * tokens * kHeads * (2.0 * qk + 2.0 * vdim);
+  ReportRoofline(state, seconds, bytes, ops, bf16_products ? Limits().bf16_gflops : Limits().f32_gflops);
+}
+
 void Register(const std::string& name, void (*fn)(benchmark::State&, kernels::SoftmaxRescale, kernels::cpu::Isa),
               kernels::SoftmaxRescale rescale, kernels::cpu::Isa isa, std::vector<int64_t> contexts) {
   auto* b = benchmark::RegisterBenchmark(("LatentAttention/" + name).c_str(), fn, rescale, isa);
@@ -70,6 +93,14 @@ void RegisterAttentionBenchmarks() {
   Register("bf16_cache/plain", BM_LatentAttention<bf16>, SoftmaxRescale::kMultiply, best, {1024, 4096, 16384});
   Register("f32_cache/amla", BM_LatentAttention<float>, SoftmaxRescale::kAmla, best, {1024, 4096, 16384});
   Register("f32_cache/plain", BM_LatentAttention<float>, SoftmaxRescale::kMultiply, best, {1024, 4096, 16384});
+  if (kernels::cpu::IsaSupported(kernels::cpu::Isa::kAvx512)) {
+    for (bool bf16 : {false, true}) {
+      if (bf16 && !GetCpuFeatures().avx512bf16) continue;
+      auto* b = benchmark::RegisterBenchmark(bf16 ? "PromptAttention/bf16_products" : "PromptAttention/f32_products",
+                                             BM_PromptAttention, bf16);
+      b->ArgName("tokens")->UseRealTime()->MinTime(0.2)->Arg(512)->Arg(2048);
+    }
+  }
   // The scalar fallback, for scale.
   Register("bf16_cache/amla/generic", BM_LatentAttention<bf16>, SoftmaxRescale::kAmla, kernels::cpu::Isa::kGeneric,
            {1024});

@@ -77,7 +77,8 @@ void ApplyRope(float* x, int64_t tokens, int64_t heads, int64_t token_stride, in
 
 // Causal multi-head attention, expanded form. Query t sits at position q_offset + t and sees keys
 // 0..q_offset + t. q: [tokens, heads, qk_dim], k: [keys, heads, qk_dim], v: [keys, heads, v_dim],
-// out: [tokens, heads, v_dim].
+// out: [tokens, heads, v_dim]. A token's output is the same bits whatever other tokens the call
+// holds and whatever the thread count: it depends only on its query, its position and the keys.
 struct AttentionParams {
   int64_t tokens = 0;
   int64_t keys = 0;
@@ -86,6 +87,10 @@ struct AttentionParams {
   int64_t v_dim = 0;
   int64_t q_offset = 0;
   float scale = 1.0f;
+  // Products of BF16-rounded queries, keys, probabilities and values, summed in F32 (as flash
+  // attention runs on GPUs), where the CPU has AVX512-BF16: for keys and values expanded from a
+  // BF16 cache, already that precise. Otherwise F32 products.
+  bool bf16_products = false;
 };
 void Attention(const float* q, const float* k, const float* v, const AttentionParams& p, float* out);
 

@@ -96,7 +96,10 @@ void ExpandedAttention(const AttentionWeights& w, const ModelConfig& c, const fl
       }
     }
   });
-  kernels::AttentionParams p{tokens, keys, heads, qk, vdim, start, static_cast<float>(c.SoftmaxScale())};
+  // Keys and values expanded from a BF16 (C16) cache are only that precise: BF16 products lose
+  // little more.
+  const kernels::AttentionParams p{tokens, keys, heads, qk, vdim, start, static_cast<float>(c.SoftmaxScale()),
+                                   cache.dtype() == DType::kBF16};
   kernels::Attention(q, k.get(), v.get(), p, out);
 }
 

@@ -1,10 +1,11 @@
-// Attention (expanded form): every ISA variant the machine runs against kernels/ref, on odd sizes
-// and on DeepSeek-V3's head sizes across several key tiles; and a token's output the same bits
-// whether its prompt comes whole or in chunks.
+// Attention (expanded form): every ISA variant the machine runs, with F32 and BF16 products,
+// against kernels/ref, on odd sizes and on DeepSeek-V3's head sizes across several key tiles; and
+// a token's output the same bits whether its prompt comes whole or in chunks.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -43,18 +44,27 @@ std::vector<float> RunAttention(const Problem& pr, Isa isa) {
   return out;
 }
 
-// Within 1e-5 of the largest output, as F32 sums of a few hundred products come out against
-// ref's double ones.
-void ExpectMatchesRef(const Problem& pr) {
-  std::vector<float> want(pr.p.tokens * pr.p.heads * pr.p.v_dim);
-  ref::Attention(pr.q.data(), pr.k.data(), pr.v.data(), pr.p, want.data());
-  float scale = 0;
-  for (float w : want) scale = std::max(scale, std::fabs(w));
-  for (Isa isa : SupportedIsas()) {
-    const std::vector<float> got = RunAttention(pr, isa);
-    for (size_t i = 0; i < got.size(); ++i) {
-      ASSERT_TRUE(std::isfinite(got[i])) << "isa " << static_cast<int>(isa) << " at " << i;
-      ASSERT_NEAR(got[i], want[i], 1e-5f * scale) << "isa " << static_cast<int>(isa) << " at " << i;
+// Each variant against ref with the operands rounded as that variant rounds them: F32 products
+// within 1e-5 of the largest output, as F32 sums of a few hundred products come out against ref's
+// double ones; BF16 products within 2^-8, the rounding of the probabilities (which ref keeps
+// exact), twice over.
+void ExpectMatchesRef(Problem pr) {
+  for (bool bf16_products : {false, true}) {
+    pr.p.bf16_products = bf16_products;
+    for (Isa isa : SupportedIsas()) {
+      AttentionParams ref_params = pr.p;
+      ref_params.bf16_products = cpu::UsesBf16Products(isa, pr.p);
+      std::vector<float> want(pr.p.tokens * pr.p.heads * pr.p.v_dim);
+      ref::Attention(pr.q.data(), pr.k.data(), pr.v.data(), ref_params, want.data());
+      float scale = 0;
+      for (float w : want) scale = std::max(scale, std::fabs(w));
+      const float tolerance = (ref_params.bf16_products ? 1.0f / 256 : 1e-5f) * scale;
+      const std::vector<float> got = RunAttention(pr, isa);
+      const std::string what = "isa " + std::to_string(static_cast<int>(isa)) + (bf16_products ? " bf16" : " f32");
+      for (size_t i = 0; i < got.size(); ++i) {
+        ASSERT_TRUE(std::isfinite(got[i])) << what << " at " << i;
+        ASSERT_NEAR(got[i], want[i], tolerance) << what << " at " << i;
+      }
     }
   }
 }
@@ -88,10 +98,13 @@ TEST(AttentionTest, PeakedScoresMatchReference) {
 // `cuts` gives what the whole prompt gives.
 TEST(AttentionTest, ChunkedPromptGivesTheSameBits) {
   const int64_t tokens = 203, heads = 3, qk = 40, vdim = 24;
-  const Problem whole = RandomProblem({.tokens = tokens, .keys = tokens, .heads = heads, .qk_dim = qk, .v_dim = vdim,
+  Problem whole = RandomProblem({.tokens = tokens, .keys = tokens, .heads = heads, .qk_dim = qk, .v_dim = vdim,
                                        .q_offset = 0, .scale = 0.2f},
                                       60);
-  for (Isa isa : SupportedIsas()) {
+  for (const auto& [isa, bf16_products] : {std::pair{Isa::kGeneric, false}, std::pair{Isa::kAvx512, false},
+                                           std::pair{Isa::kAvx512, true}}) {
+    if (!cpu::IsaSupported(isa)) continue;
+    whole.p.bf16_products = bf16_products;
     const std::vector<float> want = RunAttention(whole, isa);
     for (const std::vector<int64_t>& cuts : {std::vector<int64_t>{1, 64, 130}, std::vector<int64_t>{63, 100, 202}}) {
       std::vector<int64_t> edges = {0};
@@ -105,7 +118,7 @@ TEST(AttentionTest, ChunkedPromptGivesTheSameBits) {
         chunk.q.assign(whole.q.begin() + edges[c] * heads * qk, whole.q.begin() + edges[c + 1] * heads * qk);
         const std::vector<float> got = RunAttention(chunk, isa);
         ASSERT_EQ(0, std::memcmp(got.data(), want.data() + edges[c] * heads * vdim, got.size() * sizeof(float)))
-            << "isa " << static_cast<int>(isa) << ", chunk from " << edges[c];
+            << "isa " << static_cast<int>(isa) << (bf16_products ? " bf16" : " f32") << ", chunk from " << edges[c];
       }
     }
   }

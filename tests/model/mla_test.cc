@@ -79,12 +79,24 @@ TEST_P(MlaFormsTest, ExpandedAndAbsorbedAgree) {
   const int64_t prompt = 7, total = prompt + 4;
   const Tensor x = RandomTensor({total, c.hidden_size}, rng, 1.0f);
 
-  // Both forms read the same cached values, so the cache dtype does not loosen the agreement.
   const std::vector<float> expanded = RunSequence(w, c, x, prompt, cache_dtype, AttentionForm::kExpanded);
   const std::vector<float> absorbed = RunSequence(w, c, x, prompt, cache_dtype, AttentionForm::kAbsorbed);
-  for (size_t i = 0; i < expanded.size(); ++i) {
-    ASSERT_NEAR(expanded[i], absorbed[i], 1e-4f * (1.0f + std::fabs(expanded[i]))) << "at " << i;
+  if (cache_dtype == DType::kF32) {
+    // F32 products in both forms over the same cached values.
+    for (size_t i = 0; i < expanded.size(); ++i) {
+      ASSERT_NEAR(expanded[i], absorbed[i], 1e-4f * (1.0f + std::fabs(expanded[i]))) << "at " << i;
+    }
+    return;
   }
+  // Over a BF16 cache the expanded form multiplies BF16-rounded queries, keys, probabilities and
+  // values (the absorbed form F32 ones): each off by up to 2^-9 of itself, the output by a few
+  // times that of its scale.
+  float scale = 0, max_diff = 0;
+  for (size_t i = 0; i < expanded.size(); ++i) {
+    scale = std::max(scale, std::fabs(absorbed[i]));
+    max_diff = std::max(max_diff, std::fabs(expanded[i] - absorbed[i]));
+  }
+  EXPECT_LT(max_diff, scale / 64) << "largest output " << scale;
 }
 
 INSTANTIATE_TEST_SUITE_P(QLoraAndCache, MlaFormsTest,

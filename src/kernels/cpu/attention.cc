@@ -6,8 +6,8 @@
 // softmax state (running max m, sum l, output O) across tiles, so a tile is read from cache once
 // per block of rows instead of once per row. Before its first task on a head, a thread lays the
 // head's keys out transposed per tile and its values padded (HeadTiles), the form the AVX-512 loops
-// read without gathers. Tasks run head-major, so the threads split the heads and a thread lays out
-// each head once.
+// read without gathers (for BF16 products: rounded to BF16, in the pairs VDPBF16PS multiplies).
+// Tasks run head-major, so the threads split the heads and a thread lays out each head once.
 //
 // Online softmax in base 2, as in latent_attention.cc: scores are scaled by scale * log2(e), and
 // when a tile raises a row's max from m to m', l and O are multiplied by 2^(m - m').
@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "base/check.h"
+#include "base/cpu_features.h"
 #include "base/int_math.h"
 #include "base/thread_pool.h"
 
@@ -61,7 +62,7 @@ void AttentionGeneric(const float* q, const float* k, const float* v, const Atte
   });
 }
 
-// Head h's keys [0, keys) transposed per tile into kt, its values padded into v (see HeadTiles).
+// Head h's keys [0, keys) transposed per tile and its values padded, in F32 (see HeadTiles).
 void LayOutHead(const float* k, const float* v, const AttentionParams& p, int64_t h, int64_t v_stride, float* kt,
                 float* vt) {
   auto column = [&](int64_t s) { return kt + s / kAttentionKeyTile * p.qk_dim * kAttentionKeyTile + s % kAttentionKeyTile; };
@@ -83,15 +84,32 @@ void AttentionAvx512(const float* q, const float* k, const float* v, const Atten
   const int64_t blocks = CeilDiv(p.tokens, kAttentionQueryBlock);
   const int64_t v_stride = RoundUp(p.v_dim, 16);
   const float score_scale = p.scale * std::numbers::log2e_v<float>;
+  const bool bf16_products = UsesBf16Products(Isa::kAvx512, p);
+  const int64_t key_floats = RoundUp(p.keys, kAttentionKeyTile) * RoundUp(p.qk_dim, 2);
+  const int64_t value_floats = RoundUp(p.keys, 2) * v_stride;
   ParallelFor(p.heads * blocks, [&](int64_t begin, int64_t end) {
-    const auto kt = std::make_unique_for_overwrite<float[]>(RoundUp(p.keys, kAttentionKeyTile) * p.qk_dim);
-    const auto vt = std::make_unique_for_overwrite<float[]>(p.keys * v_stride);
-    const auto scratch = std::make_unique_for_overwrite<float[]>(AttendBlockScratch(v_stride));
+    // BF16 pairs take half the floats.
+    const auto kt = std::make_unique_for_overwrite<float[]>(bf16_products ? key_floats / 2 : key_floats);
+    const auto vt = std::make_unique_for_overwrite<float[]>(bf16_products ? value_floats / 2 : value_floats);
+    const auto scratch = std::make_unique_for_overwrite<float[]>(AttendBlockScratch(p.qk_dim, v_stride));
+    HeadTiles tiles{.qk_dim = p.qk_dim, .v_stride = v_stride};
+    if (bf16_products) {
+      tiles.kt_pairs = reinterpret_cast<const bf16*>(kt.get());
+      tiles.v_pairs = reinterpret_cast<const bf16*>(vt.get());
+    } else {
+      tiles.kt = kt.get();
+      tiles.v = vt.get();
+    }
     int64_t laid_out = -1;
     for (int64_t task = begin; task < end; ++task) {
       const int64_t h = task / blocks, first = task % blocks * kAttentionQueryBlock;
       if (h != laid_out) {
-        LayOutHead(k, v, p, h, v_stride, kt.get(), vt.get());
+        if (bf16_products) {
+          LayOutHeadPairsAvx512Bf16(k, v, p, h, v_stride, reinterpret_cast<bf16*>(kt.get()),
+                                    reinterpret_cast<bf16*>(vt.get()));
+        } else {
+          LayOutHead(k, v, p, h, v_stride, kt.get(), vt.get());
+        }
         laid_out = h;
       }
       const QueryBlock block{.q = q + (first * p.heads + h) * p.qk_dim,
@@ -102,12 +120,20 @@ void AttentionAvx512(const float* q, const float* k, const float* v, const Atten
                              .out_stride = p.heads * p.v_dim,
                              .v_dim = p.v_dim,
                              .score_scale = score_scale};
-      AttendBlockAvx512(block, HeadTiles{p.qk_dim, v_stride, kt.get(), vt.get()}, scratch.get());
+      if (bf16_products) {
+        AttendBlockAvx512Bf16(block, tiles, scratch.get());
+      } else {
+        AttendBlockAvx512(block, tiles, scratch.get());
+      }
     }
   });
 }
 
 }  // namespace
+
+bool UsesBf16Products(Isa isa, const AttentionParams& p) {
+  return p.bf16_products && isa == Isa::kAvx512 && GetCpuFeatures().avx512bf16;
+}
 
 void Attention(Isa isa, const float* q, const float* k, const float* v, const AttentionParams& p, float* out) {
   MOE_CHECK(isa == Isa::kGeneric || isa == Isa::kAvx512, "Attention has no variant for this ISA");

@@ -6,6 +6,7 @@
 
 #include "kernels/cpu/isa.h"
 #include "kernels/kernels.h"
+#include "tensor/dtype.h"
 
 namespace moe::kernels::cpu {
 
@@ -14,12 +15,15 @@ inline constexpr int64_t kAttentionKeyTile = 64;
 // Query rows (one head of consecutive tokens) that share the state of one pass over the keys.
 inline constexpr int64_t kAttentionQueryBlock = 64;
 
-// One head's keys and values as the tile loops read them.
+// One head's keys and values as the tile loops read them: F32, or for BF16 products rounded to
+// BF16 in pairs along the dimension the products sum over, as vdpbf16ps takes them.
 struct HeadTiles {
   int64_t qk_dim = 0;
-  int64_t v_stride = 0;       // v_dim rounded up to 16 floats
-  const float* kt = nullptr;  // [tiles][qk_dim][kAttentionKeyTile]: each tile's keys transposed
-  const float* v = nullptr;   // [keys][v_stride]
+  int64_t v_stride = 0;             // v_dim rounded up to 16 floats
+  const float* kt = nullptr;        // [tiles][qk_dim][kAttentionKeyTile]: each tile's keys transposed
+  const float* v = nullptr;         // [keys][v_stride]
+  const bf16* kt_pairs = nullptr;   // [tiles][ceil(qk_dim / 2)][kAttentionKeyTile][2], zero-padded
+  const bf16* v_pairs = nullptr;    // [ceil(keys / 2)][v_stride][2], zero-padded
 };
 
 // Up to kAttentionQueryBlock consecutive tokens of one head.
@@ -34,9 +38,18 @@ struct QueryBlock {
   float score_scale = 1.0f;  // scale * log2(e): scores in base 2
 };
 
-// Floats of scratch AttendBlockAvx512 takes.
-int64_t AttendBlockScratch(int64_t v_stride);
+// Floats of scratch the block loops take.
+int64_t AttendBlockScratch(int64_t qk_dim, int64_t v_stride);
+// The block against the head's F32 tiles, or (Bf16) its BF16 pairs.
 void AttendBlockAvx512(const QueryBlock& block, const HeadTiles& head, float* scratch);
+void AttendBlockAvx512Bf16(const QueryBlock& block, const HeadTiles& head, float* scratch);
+
+// Head h's keys [0, p.keys) and values as HeadTiles::kt_pairs and v_pairs lay them out.
+void LayOutHeadPairsAvx512Bf16(const float* k, const float* v, const AttentionParams& p, int64_t h, int64_t v_stride,
+                               bf16* kt, bf16* vt);
+
+// Whether `isa` runs p with BF16 products (p asks for them and the CPU has AVX512-BF16).
+bool UsesBf16Products(Isa isa, const AttentionParams& p);
 
 // Attention as kernels::Attention runs it, on the variant `isa` (kGeneric or kAvx512).
 void Attention(Isa isa, const float* q, const float* k, const float* v, const AttentionParams& p, float* out);

@@ -14,6 +14,7 @@
 
 #define MOE_AVX512 __attribute__((target("avx512f")))
 #define MOE_AVX512_VNNI __attribute__((target("avx512f,avx512bw,avx512vnni")))
+#define MOE_AVX512_BF16 __attribute__((target("avx512f,avx512bw,avx512bf16")))
 
 namespace moe::kernels::cpu {
 
@@ -22,6 +23,13 @@ namespace moe::kernels::cpu {
 // bench/RESULTS.md) 512-bit loads, not FMAs, then set the pace.
 MOE_AVX512 inline __m512 LoadOnce(const float* p) {
   __m512 v = _mm512_loadu_ps(p);
+  asm("" : "+v"(v));
+  return v;
+}
+
+// The same for 512 bits of integers (or BF16 pairs).
+MOE_AVX512 inline __m512i LoadOnceBits(const void* p) {
+  __m512i v = _mm512_loadu_si512(p);
   asm("" : "+v"(v));
   return v;
 }

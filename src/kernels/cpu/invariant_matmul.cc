@@ -275,8 +275,6 @@ MOE_AVX512 void Avx512Rows(const Operands<W>& o, int64_t j_begin, int64_t j_end,
   }
 }
 
-#define MOE_AVX512_BF16 __attribute__((target("avx512f,avx512bf16")))
-
 // The BF16-pairs order with VDPBF16PS: 32 products per instruction, twice what F32 FMAs give.
 // Outputs [kRows, kCols] from x rows (BF16, rows of `stride`, zero-padded) and weight rows of
 // stride k, whose values past `full` (a multiple of 32) come zero-padded from `tail`, 32 per row.

@@ -98,18 +98,20 @@ void Attention(const float* q, const float* k, const float* v, const AttentionPa
     const int64_t visible = p.q_offset + t + 1;
     for (int64_t h = 0; h < p.heads; ++h) {
       std::vector<double> probs(visible);
+      // bf16_products: the operands rounded as the kernel rounds them (but not the probabilities).
+      auto operand = [&](float x) { return p.bf16_products ? Bf16ToF32(F32ToBf16(x)) : x; };
       const float* qv = q + (t * p.heads + h) * p.qk_dim;
       for (int64_t s = 0; s < visible; ++s) {
         const float* kv = k + (s * p.heads + h) * p.qk_dim;
         double dot = 0;
-        for (int64_t i = 0; i < p.qk_dim; ++i) dot += static_cast<double>(qv[i]) * kv[i];
+        for (int64_t i = 0; i < p.qk_dim; ++i) dot += static_cast<double>(operand(qv[i])) * operand(kv[i]);
         probs[s] = dot * p.scale;
       }
       SoftmaxInPlace(probs);
       float* o = out + (t * p.heads + h) * p.v_dim;
       for (int64_t i = 0; i < p.v_dim; ++i) {
         double acc = 0;
-        for (int64_t s = 0; s < visible; ++s) acc += probs[s] * v[(s * p.heads + h) * p.v_dim + i];
+        for (int64_t s = 0; s < visible; ++s) acc += probs[s] * operand(v[(s * p.heads + h) * p.v_dim + i]);
         o[i] = static_cast<float>(acc);
       }
     }
