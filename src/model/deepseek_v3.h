@@ -43,10 +43,11 @@ class DeepseekV3Model {
   int64_t LatentCacheBytesPerToken() const;
 
   // Runs a batch of sequences' new tokens (ids < vocab_size, checked by the caller) as one: the
-  // chunks' tokens are the rows of the result, in order. Every token attends in the absorbed form,
-  // whatever its chunk's size. Under W8A8 a token's result is then the same bits however the batch
-  // is made up and its sequence chunked: every op computes a row from that row alone, INT8 GEMMs
-  // sum exactly (the lm_head's too) and the F32 router in a fixed order. (Under F32 and BF16,
+  // chunks' tokens are the rows of the result, in order. A token's attention form goes by its
+  // position (SequenceChunk::prompt_tokens), whatever its chunk's size. Under W8A8 a token's result
+  // is then the same bits however the batch is made up and its sequence chunked: every op computes
+  // a row from that row alone, both attention kernels tile keys from position 0, INT8 GEMMs sum
+  // exactly (the lm_head's too) and the F32 router in a fixed order. (Under F32 and BF16,
   // oneDNN's GEMMs may order a row's sums by the batch's size.) Returns the final hidden states
   // after the final norm: [total tokens, hidden].
   Tensor Forward(std::span<const SequenceChunk> batch, PagedKvCache& cache, ExpertBackend& experts) const;
