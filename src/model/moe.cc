@@ -89,7 +89,7 @@ class LocalPending final : public PendingExperts {
  public:
   LocalPending(const MoeWeights& moe, const float* x, int64_t tokens, const int32_t* expert_ids, const float* weights,
                int64_t top_k)
-      : moe_(moe), x_(x), tokens_(tokens), assigned_(moe.experts.size()) {
+      : moe_(moe), x_(x), tokens_(tokens), top_k_(top_k), assigned_(moe.experts.size()) {
     for (int64_t t = 0; t < tokens; ++t) {
       for (int64_t j = 0; j < top_k; ++j) assigned_[expert_ids[t * top_k + j]].push_back({t, weights[t * top_k + j]});
     }
@@ -138,15 +138,25 @@ class LocalPending final : public PendingExperts {
         MlpForward(moe_.experts[active[i]], rows.data(), m, y);
       }
     });
-    // Each token's sum in ascending expert order; threads split the hidden dimension.
-    std::fill(out, out + tokens_ * hidden, 0.0f);
-    ParallelFor(hidden, [&](int64_t d_begin, int64_t d_end) {
-      for (size_t i = 0; i < active.size(); ++i) {
-        const auto& batch = assigned_[active[i]];
-        for (size_t r = 0; r < batch.size(); ++r) {
-          const float* src = results.get() + (first[i] + static_cast<int64_t>(r)) * hidden;
-          float* dst = out + batch[r].first * hidden;
-          for (int64_t d = d_begin; d < d_end; ++d) dst[d] += batch[r].second * src[d];
+    // Each token's sum in ascending expert order; threads split the tokens, so a token's row stays
+    // in cache while its experts' results pass through it once.
+    std::vector<std::pair<int64_t, float>> sources(tokens_ * top_k_);  // per token: (result row, weight)
+    std::vector<int64_t> filled(tokens_, 0);
+    for (size_t i = 0; i < active.size(); ++i) {
+      const auto& batch = assigned_[active[i]];
+      for (size_t r = 0; r < batch.size(); ++r) {
+        const int64_t t = batch[r].first;
+        sources[t * top_k_ + filled[t]++] = {first[i] + static_cast<int64_t>(r), batch[r].second};
+      }
+    }
+    ParallelFor(tokens_, [&](int64_t begin, int64_t end) {
+      for (int64_t t = begin; t < end; ++t) {
+        float* dst = out + t * hidden;
+        std::fill(dst, dst + hidden, 0.0f);
+        for (int64_t j = 0; j < filled[t]; ++j) {
+          const auto [row, weight] = sources[t * top_k_ + j];
+          const float* src = results.get() + row * hidden;
+          for (int64_t d = 0; d < hidden; ++d) dst[d] += weight * src[d];
         }
       }
     });
@@ -157,6 +167,7 @@ class LocalPending final : public PendingExperts {
   const MoeWeights& moe_;
   const float* x_;
   int64_t tokens_;
+  int64_t top_k_;
   std::vector<std::vector<std::pair<int64_t, float>>> assigned_;  // per expert: (token, weight)
 };
 
@@ -173,7 +184,9 @@ void AddSharedExperts(const MoeWeights& w, const float* x, int64_t tokens, float
   const int64_t hidden = w.router.dim(1);
   const auto shared = std::make_unique_for_overwrite<float[]>(tokens * hidden);
   MlpForward(*w.shared, x, tokens, shared.get());
-  for (int64_t i = 0; i < tokens * hidden; ++i) out[i] += shared[i];
+  ParallelFor(tokens, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin * hidden; i < end * hidden; ++i) out[i] += shared[i];
+  });
 }
 
 std::unique_ptr<PendingExperts> StartMoe(const MoeWeights& w, const ModelConfig& c, ExpertBackend& experts,

@@ -117,7 +117,13 @@ struct F32Products {
 // x[0..n) rounded to BF16, as ceil(n / 2) pairs (x[2i] in the low half), the last one
 // zero-padded.
 MOE_AVX512_BF16 void RoundToPairs(const float* x, int64_t n, uint32_t* pairs) {
-  for (int64_t i = 0; i < n; i += 32) {
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    const __m512i rounded =
+        reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(_mm512_loadu_ps(x + i + 16), _mm512_loadu_ps(x + i)));
+    _mm512_storeu_si512(pairs + i / 2, rounded);
+  }
+  for (; i < n; i += 32) {
     const __m512 low = _mm512_maskz_loadu_ps(FirstLanes(n - i), x + i);
     const __m512 high = _mm512_maskz_loadu_ps(FirstLanes(n - i - 16), x + i + 16);
     const __m512i rounded = reinterpret_cast<__m512i>(_mm512_cvtne2ps_pbh(high, low));
