@@ -12,7 +12,8 @@ namespace moe {
 
 // Expanded: kv_b expands every cached latent into per-head keys and values (cheap for long
 // queries). Absorbed: kv_b is folded into the query and the output, so attention runs on the
-// latent cache itself (cheap for one query over a long cache). Both give the same result.
+// latent cache itself (cheap for one query over a long cache). Both give the same result up to
+// rounding (the expanded form multiplies BF16 pairs over a BF16 cache).
 enum class AttentionForm { kExpanded, kAbsorbed };
 
 // One sequence's rows of a batch: `tokens` consecutive rows at positions start..start+tokens-1,
