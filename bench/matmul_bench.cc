@@ -132,6 +132,28 @@ void BM_Int8Products(benchmark::State& state, GemmShape shape, bool gemv) {
   ReportRoofline(state, seconds, bytes, 2.0 * m * shape.n * shape.k, Limits().int8_gops);
 }
 
+// The lm_head of an I8 run (kernels::MatmulTwoPart): every logit of each row, or, for greedy rows,
+// what the row's maximum needs.
+void BM_LmHead(benchmark::State& state, GemmShape shape, bool argmax) {
+  const int64_t m = state.range(0);
+  const kernels::Weight& plain = WeightCopies(shape, DType::kI8).front();
+  const Tensor packed = kernels::PackMatmulWeight(plain.data), gemv_packed = kernels::PackGemvWeight(plain.data);
+  const Tensor norms = kernels::I8RowNorms(plain.data, plain.row_scales);
+  const kernels::Weight weight(plain.data, plain.row_scales, packed.data<int8_t>(),
+                               gemv_packed.empty() ? nullptr : gemv_packed.data<int8_t>());
+  std::vector<float> x(m * shape.k), y(m * shape.n);
+  for (int64_t i = 0; i < m * shape.k; ++i) x[i] = Noise(i + 12345);
+  const std::vector<bool> flags(argmax ? m : 0, true);
+  kernels::MatmulTwoPart(x.data(), m, weight, y.data(), flags, norms.data<float>());  // builds oneDNN's primitive
+  const double seconds = FastestIteration(state, [&] {
+    kernels::MatmulTwoPart(x.data(), m, weight, y.data(), flags, norms.data<float>());
+    benchmark::DoNotOptimize(y.data());
+  });
+  const double rows = argmax ? m : 2.0 * m;  // of the GEMM
+  ReportRoofline(state, seconds, static_cast<double>(shape.n * shape.k), 2.0 * rows * shape.n * shape.k,
+                 Limits().int8_gops);
+}
+
 }  // namespace
 
 void RegisterMatmulBenchmarks() {
@@ -161,6 +183,10 @@ void RegisterMatmulBenchmarks() {
     const std::string name = std::string("Matmul/") + lm_head.name + "/" + dtype_name;
     benchmark::RegisterBenchmark(name.c_str(), BM_Matmul, lm_head, dtype)
         ->ArgName("M")->Arg(1)->Arg(8)->UseRealTime()->MinTime(0.05);
+  }
+  for (const auto& [argmax, name] : {std::pair(false, "LmHead/two_part"), std::pair(true, "LmHead/argmax")}) {
+    benchmark::RegisterBenchmark(name, BM_LmHead, lm_head, argmax)
+        ->ArgName("M")->Arg(1)->Arg(8)->Arg(16)->Arg(32)->UseRealTime()->MinTime(0.05);
   }
   // Where Int8Gemv stops beating oneDNN (kInt8GemvMaxRows), on bench-3b's expert and attention
   // shapes.

@@ -110,7 +110,13 @@ std::vector<RequestOutput> Engine::Step() {
     for (size_t i = 0; i < sample_rows.size(); ++i) {
       std::memcpy(last.data<float>() + i * width, hidden.data<float>() + sample_rows[i] * width, width * sizeof(float));
     }
-    Tensor logits = model_.Logits(last.data<float>(), last.dim(0));
+    // Plain greedy requests need only the largest logit, which an INT8 head finds cheaper.
+    std::vector<bool> argmax_only;
+    for (const ScheduledRequest* s : samplers) {
+      const EngineRequest& r = live_.at(s->id).request;
+      argmax_only.push_back(r.sampling.temperature <= 0 && !r.sampling.has_penalties() && r.logprobs == 0);
+    }
+    Tensor logits = model_.Logits(last.data<float>(), last.dim(0), argmax_only);
     for (size_t i = 0; i < samplers.size(); ++i) {
       const RequestId id = samplers[i]->id;
       const Request& state = *scheduler_.Find(id);

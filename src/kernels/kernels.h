@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstdint>
+#include <vector>
 
 #include "tensor/tensor.h"
 
@@ -42,7 +43,18 @@ void MatmulQuantized(const int8_t* x, const float* x_scales, int64_t m, const We
 // that left, quantized again (about 14 significant bits instead of 7), each part's products summed
 // exactly in INT32 and the two added. For the lm_head, whose logits INT8 activations alone blur;
 // rows are independent of each other to the bit, as in every INT8 GEMM.
-void MatmulTwoPart(const float* x, int64_t m, const Weight& w, float* y);
+//
+// A row flagged in `argmax_only` is only ever used for its first maximum (greedy decoding), and
+// its second part's products are found only for the columns that could be that maximum, from the
+// plain weight's rows (w.data; without it flags are ignored): the GEMM runs one row for it instead
+// of two. Its first maximal column and that column's value are the same bits as unflagged, the
+// other columns hold values below that maximum. Cauchy-Schwarz bounds a column's second part by
+// |second part of x| * row_norms[j] (I8RowNorms).
+void MatmulTwoPart(const float* x, int64_t m, const Weight& w, float* y, const std::vector<bool>& argmax_only = {},
+                   const float* row_norms = nullptr);
+
+// An upper bound on the L2 norm of each row of an I8 weight, dequantized (q * scale): [n] floats.
+Tensor I8RowNorms(const TensorView& w, const float* row_scales);
 
 // Matmul whose rows are independent of each other to the bit: each y[r, j] sums its k products in
 // one fixed order, whatever m, the row's place in the batch or the thread count (oneDNN orders

@@ -13,11 +13,12 @@ namespace {
 // Logits [rows, vocab] of the final hidden states, each row independent of the batch to the bit:
 // an INT8 head through the exact INT32 GEMM, its activations in two INT8 parts (INT8 alone cost the
 // logits most of their accuracy: tests/model/quantized_accuracy_test.cc), an F32 or BF16 one summed
-// in a fixed order.
-Tensor HeadLogits(const Linear& head, const float* hidden, int64_t rows) {
+// in a fixed order. Rows flagged `argmax_only` as DeepseekV3Model::Logits says.
+Tensor HeadLogits(const Linear& head, const float* hidden, int64_t rows, const std::vector<bool>& argmax_only = {}) {
   Tensor logits = Tensor::F32({rows, head.rows()});
   if (head.dtype == DType::kI8) {
-    kernels::MatmulTwoPart(hidden, rows, head.view(), logits.data<float>());
+    kernels::MatmulTwoPart(hidden, rows, head.view(), logits.data<float>(), argmax_only,
+                           head.row_norms.empty() ? nullptr : head.row_norms.data<float>());
   } else {
     kernels::BatchInvariantMatmul(hidden, rows, head.view(), logits.data<float>());
   }
@@ -173,8 +174,8 @@ void DeepseekV3Model::RunEmptyBatch(ExpertBackend& experts) const {
   }
 }
 
-Tensor DeepseekV3Model::Logits(const float* hidden, int64_t rows) const {
-  return HeadLogits(weights_.lm_head, hidden, rows);
+Tensor DeepseekV3Model::Logits(const float* hidden, int64_t rows, const std::vector<bool>& argmax_only) const {
+  return HeadLogits(weights_.lm_head, hidden, rows, argmax_only);
 }
 
 Tensor DeepseekV3Model::MtpLogits(const float* main_hidden, std::span<const int32_t> next_tokens,

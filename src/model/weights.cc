@@ -121,7 +121,9 @@ void SplitAbsorbedWeights(const ModelConfig& c, const Tensor& kv_b, DType dtype,
   }
 }
 
-Linear MakeLinear(Tensor w, DType dtype) {
+namespace {
+
+Linear MakeLinear(Tensor w, DType dtype, bool with_plain_rows) {
   MOE_CHECK(w.dtype() == DType::kF32 && w.shape().size() == 2, "MakeLinear takes a 2-D F32 tensor");
   Linear linear;
   linear.dtype = dtype;
@@ -142,6 +144,10 @@ Linear MakeLinear(Tensor w, DType dtype) {
                             linear.row_scales.data<float>());
       linear.packed = kernels::PackMatmulWeight(plain.view());
       linear.gemv_packed = kernels::PackGemvWeight(plain.view());
+      if (with_plain_rows) {
+        linear.row_norms = kernels::I8RowNorms(plain.view(), linear.row_scales.data<float>());
+        linear.weight = std::move(plain);
+      }
       break;
     }
     default:
@@ -149,6 +155,12 @@ Linear MakeLinear(Tensor w, DType dtype) {
   }
   return linear;
 }
+
+}  // namespace
+
+Linear MakeLinear(Tensor w, DType dtype) { return MakeLinear(std::move(w), dtype, /*with_plain_rows=*/false); }
+
+Linear MakeHead(Tensor w, DType dtype) { return MakeLinear(std::move(w), dtype, /*with_plain_rows=*/true); }
 
 Expected<ModelWeights> LoadModelWeights(const Checkpoint& checkpoint, const ModelConfig& c, DType dtype,
                                         const ExpertSelection& experts) {
@@ -160,7 +172,7 @@ Expected<ModelWeights> LoadModelWeights(const Checkpoint& checkpoint, const Mode
     w.layers.push_back(LoadLayer(loader, i, c, experts));
   }
   w.final_norm = loader.F32("model.norm.weight", {c.hidden_size});
-  w.lm_head = MakeLinear(loader.F32(c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight",
+  w.lm_head = MakeHead(loader.F32(c.tie_word_embeddings ? "model.embed_tokens.weight" : "lm_head.weight",
                                     {c.vocab_size, c.hidden_size}),
                          dtype);
   if (c.num_nextn_predict_layers > 0 && loader.status().ok()) {

@@ -14,15 +14,16 @@
 namespace moe {
 
 // A linear layer's [out, in] weight in the run dtype. F32 and BF16 weights are held as they are;
-// I8 weights (one F32 scale per row) only in the layouts the kernels read: the plain one would be
-// a third copy that no kernel reads.
+// I8 weights (one F32 scale per row) only in the layouts the kernels read: the plain one is a
+// third copy that only an lm_head's greedy rows read (kernels::MatmulTwoPart).
 struct Linear {
   DType dtype = DType::kF32;
   int64_t out = 0, in = 0;
-  Tensor weight;       // F32 or BF16; empty for I8
+  Tensor weight;       // F32 or BF16; for I8 the plain rows in heads (MakeHead), empty elsewhere
   Tensor row_scales;   // [out], F32; I8 only
   Tensor packed;       // I8 only: the weight as kernels::PackMatmulWeight lays it out
   Tensor gemv_packed;  // I8 only: as kernels::PackGemvWeight lays it out (empty where unsupported)
+  Tensor row_norms;    // I8 heads only: kernels::I8RowNorms, for greedy rows' logits
 
   int64_t rows() const { return out; }
   kernels::Weight view() const {
@@ -35,6 +36,8 @@ struct Linear {
 
 // Converts an F32 [out, in] weight to `dtype`: kF32, kBF16 or kI8 (symmetric, per row).
 Linear MakeLinear(Tensor f32_weight, DType dtype);
+// The same for an lm_head: an I8 one keeps its plain rows and their norms, for greedy rows.
+Linear MakeHead(Tensor f32_weight, DType dtype);
 
 struct AttentionWeights {
   Linear q_a, q_b;  // with q_lora_rank

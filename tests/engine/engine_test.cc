@@ -56,7 +56,7 @@ constexpr int64_t kMaxOutput = 12;
 
 // 64 greedy requests: every eighth shares a 520-token prefix, a third of the rest a 48-token one
 // (later ones hit the prefix cache), the others are unique; each ends in 1-40 tokens of its own
-// and asks for 3-12 tokens.
+// and asks for 3-12 tokens, every other one with log-probs.
 std::vector<EngineRequest> MixedRequests(int count, int64_t vocab) {
   std::mt19937 rng(1234);
   auto random_tokens = [&](int64_t n) {
@@ -78,7 +78,7 @@ std::vector<EngineRequest> MixedRequests(int count, int64_t vocab) {
     r.prompt.insert(r.prompt.end(), tail.begin(), tail.end());
     r.max_tokens = 3 + static_cast<int64_t>(rng() % (kMaxOutput - 2));
     r.sampling.temperature = 0;
-    r.logprobs = 1;
+    r.logprobs = i % 2;  // without log-probs a greedy request's lm_head runs only for its argmax
     r.ignore_eos = true;
     requests.push_back(std::move(r));
   }
@@ -157,6 +157,28 @@ TEST(EngineBatchingTest, BatchedEqualsAloneF32TinyModel) { ExpectBatchedEqualsAl
 TEST(EngineBatchingTest, BatchedEqualsAloneF32DefaultModel) {
   ExpectBatchedEqualsAlone(kDefaultModel, DType::kF32, 1e-4);
 }
+
+// Greedy requests pick the same tokens whether the lm_head finds every logit (log-probs asked for)
+// or only what each row's maximum needs (kernels::MatmulTwoPart's argmax-only rows), in one batch.
+void ExpectArgmaxHeadPicksTheSameTokens(const std::string& dir) {
+  auto model = DeepseekV3Model::Load(dir, DType::kI8);
+  ASSERT_TRUE(model.ok()) << model.status().message();
+  LocalExpertBackend experts;
+  std::vector<EngineRequest> full = MixedRequests(64, (*model)->config().vocab_size), argmax = full;
+  for (EngineRequest& r : full) r.logprobs = 1;
+  for (EngineRequest& r : argmax) r.logprobs = 0;
+  EngineConfig config;
+  config.kv_cache_memory_bytes = 64 * (kMaxPrompt + kMaxOutput + 16) * (*model)->LatentCacheBytesPerToken();
+  Engine full_engine(**model, experts, config), argmax_engine(**model, experts, config);
+  const std::map<RequestId, Result> a = RunAll(full_engine, full), b = RunAll(argmax_engine, argmax);
+  for (const EngineRequest& r : full) {
+    ASSERT_EQ(static_cast<int64_t>(a.at(r.id).tokens.size()), r.max_tokens) << "request " << r.id;
+    EXPECT_EQ(b.at(r.id).tokens, a.at(r.id).tokens) << "request " << r.id;
+  }
+}
+
+TEST(EngineArgmaxHeadTest, PicksTheSameTokensTinyModel) { ExpectArgmaxHeadPicksTheSameTokens(kTinyModel); }
+TEST(EngineArgmaxHeadTest, PicksTheSameTokensDefaultModel) { ExpectArgmaxHeadPicksTheSameTokens(kDefaultModel); }
 
 TEST(EnginePrefixCacheTest, SharedSystemPromptIsComputedOnce) {
   auto model = DeepseekV3Model::Load(std::string(MOE_TINY_CHECKPOINT_ROOT) + "/v3", DType::kF32);

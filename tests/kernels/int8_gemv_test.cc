@@ -159,5 +159,75 @@ TEST(Int8MatmulTest, TwoPartRowsAreExactToFourteenBitsAndBatchInvariant) {
   }
 }
 
+TEST(Int8MatmulTest, RowNormsBoundTheDequantizedRows) {
+  const RandomInt8Weight w(37, 301, 41);
+  const Tensor norms = I8RowNorms(w.view(), w.scales.data());
+  for (int64_t j = 0; j < w.n(); ++j) {
+    double squares = 0;
+    for (int64_t p = 0; p < w.k(); ++p) squares += std::pow(static_cast<double>(w.q[j * w.k() + p]) * w.scales[j], 2);
+    EXPECT_GE(norms.data<float>()[j], std::sqrt(squares)) << "row " << j;
+    EXPECT_LE(norms.data<float>()[j], std::sqrt(squares) * (1 + 1e-5)) << "row " << j;
+  }
+}
+
+// MatmulTwoPart's argmax-only rows: the first maximal column and its value are the full rows' bits,
+// every other column is below it, unflagged rows are untouched, and a row's values do not depend on
+// the batch. The weight has exact and near ties at the top: rows 7 and 500 equal (the maximum
+// must stay at 7), row 501 one unit less in one place.
+TEST(Int8MatmulTest, ArgmaxRowsKeepTheirMaximumToTheBit) {
+  const int64_t n = 1000, k = 301, m = cpu::kInt8GemvMaxRows + 4;
+  RandomInt8Weight w(n, k, 51);
+  w.q[7 * k + 3] = 100;
+  for (const int64_t j : {500, 501}) {
+    std::copy_n(&w.q[7 * k], k, &w.q[j * k]);
+    w.scales[j] = w.scales[7];
+  }
+  w.q[501 * k + 3] = 99;
+  const Tensor packed = PackMatmulWeight(w.view()), gemv_packed = PackGemvWeight(w.view());
+  const Tensor norms = I8RowNorms(w.view(), w.scales.data());
+  const Weight weight(w.view(), w.scales.data(), packed.data<int8_t>(),
+                      gemv_packed.empty() ? nullptr : gemv_packed.data<int8_t>());
+  // Rows close to weight row 7, so that rows 7, 500 and 501 lead; every third row random.
+  std::vector<float> x = Random(m * k, 52);
+  for (int64_t r = 0; r < m; ++r) {
+    if (r % 3 == 2) continue;
+    for (int64_t p = 0; p < k; ++p) x[r * k + p] = w.q[7 * k + p] / 127.0f + 0.05f * x[r * k + p];
+  }
+  std::vector<bool> flags(m);
+  for (int64_t r = 0; r < m; ++r) flags[r] = r % 4 != 3;
+  std::vector<float> full(m * n), argmax(m * n);
+  MatmulTwoPart(x.data(), m, weight, full.data());
+  MatmulTwoPart(x.data(), m, weight, argmax.data(), flags, norms.data<float>());
+  int64_t shortened = 0;
+  for (int64_t r = 0; r < m; ++r) {
+    const float* f = full.data() + r * n;
+    const float* a = argmax.data() + r * n;
+    if (!flags[r]) {
+      ASSERT_EQ(std::memcmp(a, f, n * sizeof(float)), 0) << "unflagged row " << r;
+      continue;
+    }
+    const int64_t best = std::max_element(f, f + n) - f;
+    ASSERT_EQ(std::max_element(a, a + n) - a, best) << "row " << r;
+    ASSERT_EQ(std::memcmp(&a[best], &f[best], sizeof(float)), 0) << "row " << r;
+    if (r % 3 != 2) {
+      EXPECT_EQ(best, 7) << "row " << r << ": the tie goes to the first column";
+    }
+    for (int64_t j = 0; j < n; ++j) EXPECT_LE(a[j], f[best]) << "row " << r << " column " << j;
+    shortened += std::memcmp(a, f, n * sizeof(float)) != 0;
+  }
+  EXPECT_GT(shortened, 0) << "no flagged row skipped any second part";
+  // Held only packed, the weight has no rows to read a few columns from: flags change nothing.
+  const Weight packed_only(TensorView{nullptr, DType::kI8, {n, k}}, w.scales.data(), packed.data<int8_t>(),
+                           gemv_packed.empty() ? nullptr : gemv_packed.data<int8_t>());
+  MatmulTwoPart(x.data(), m, packed_only, argmax.data(), flags, norms.data<float>());
+  EXPECT_EQ(std::memcmp(argmax.data(), full.data(), m * n * sizeof(float)), 0);
+  MatmulTwoPart(x.data(), m, weight, argmax.data(), flags, norms.data<float>());
+  for (int64_t r = 0; r < m; ++r) {
+    std::vector<float> alone(n);
+    MatmulTwoPart(x.data() + r * k, 1, weight, alone.data(), {flags[r]}, norms.data<float>());
+    ASSERT_EQ(std::memcmp(alone.data(), argmax.data() + r * n, n * sizeof(float)), 0) << "row " << r << " alone";
+  }
+}
+
 }  // namespace
 }  // namespace moe::kernels

@@ -8,7 +8,9 @@
 // a weight laid out for it faster (int8_gemv.h).
 #include <algorithm>
 #include <bit>
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -188,6 +190,17 @@ void Execute(const void* src, const float* src_scales, int64_t m, const Weight& 
   }
 }
 
+// Activation rows in two INT8 parts: rows [0, m) of `parts` the rows quantized, rows [m, 2m) what
+// that left, quantized again; scales likewise.
+void SplitTwoParts(const float* x, int64_t m, int64_t k, int8_t* parts, float* scales) {
+  QuantizeRows(x, m, k, parts, scales);
+  const auto residual = std::make_unique_for_overwrite<float[]>(m * k);
+  ParallelFor(m, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin * k; i < end * k; ++i) residual[i] = x[i] - static_cast<float>(parts[i]) * scales[i / k];
+  });
+  QuantizeRows(residual.get(), m, k, parts + m * k, scales + m);
+}
+
 }  // namespace
 
 Tensor PackMatmulWeight(const TensorView& w) {
@@ -232,23 +245,120 @@ void Matmul(const float* x, int64_t m, const Weight& weight, float* y) {
   }
 }
 
-void MatmulTwoPart(const float* x, int64_t m, const Weight& weight, float* y) {
+namespace {
+
+// max(acc, first[j] + bound * row_norms[j]) over [begin, end) (a negative bound: the lower ends), in
+// 16 lanes that the compiler keeps in vector registers (one running maximum is a serial chain).
+float MaxEnd(const float* first, const float* row_norms, int64_t begin, int64_t end, float bound, float acc) {
+  constexpr int kLanes = 16;
+  float lanes[kLanes];
+  std::fill_n(lanes, kLanes, acc);
+  int64_t j = begin;
+  for (; j + kLanes <= end; j += kLanes) {
+    for (int l = 0; l < kLanes; ++l) {
+      const float v = first[j + l] + bound * row_norms[j + l];
+      lanes[l] = lanes[l] > v ? lanes[l] : v;
+    }
+  }
+  for (; j < end; ++j) acc = std::max(acc, first[j] + bound * row_norms[j]);
+  return std::max(acc, *std::max_element(lanes, lanes + kLanes));
+}
+
+// The columns of `first` (n values) that may hold a row's maximum once each gets its second part,
+// of magnitude at most margin_j = bound * row_norms[j]: those whose upper end first_j + margin_j
+// reaches the largest lower end first_j - margin_j. Blocks of 256 columns whose largest upper end
+// falls short are skipped whole.
+void MaxCandidates(const float* first, const float* row_norms, int64_t n, float bound, std::vector<int32_t>& out) {
+  const float threshold = MaxEnd(first, row_norms, 0, n, -bound, -std::numeric_limits<float>::infinity());
+  out.clear();
+  for (int64_t begin = 0; begin < n; begin += 256) {
+    const int64_t end = std::min(n, begin + 256);
+    if (MaxEnd(first, row_norms, begin, end, bound, -std::numeric_limits<float>::infinity()) < threshold) continue;
+    for (int64_t j = begin; j < end; ++j) {
+      if (first[j] + bound * row_norms[j] >= threshold) out.push_back(static_cast<int32_t>(j));
+    }
+  }
+}
+
+int32_t DotInt8(const int8_t* a, const int8_t* b, int64_t k) {
+  int32_t sum = 0;
+  for (int64_t p = 0; p < k; ++p) sum += int32_t{a[p]} * int32_t{b[p]};
+  return sum;
+}
+
+}  // namespace
+
+Tensor I8RowNorms(const TensorView& w, const float* row_scales) {
+  MOE_CHECK(w.dtype == DType::kI8 && w.shape.size() == 2, "I8RowNorms takes a 2-D I8 weight");
+  const int64_t n = w.dim(0), k = w.dim(1);
+  const int8_t* q = w.as<int8_t>();
+  Tensor norms = Tensor::F32({n});
+  for (int64_t j = 0; j < n; ++j) {
+    const int32_t squares = DotInt8(q + j * k, q + j * k, k);
+    // Rounded up, well past the few ulps the double arithmetic may be short by.
+    norms.data<float>()[j] = static_cast<float>(std::sqrt(static_cast<double>(squares)) * row_scales[j] * (1 + 0x1p-20));
+  }
+  return norms;
+}
+
+void MatmulTwoPart(const float* x, int64_t m, const Weight& weight, float* y, const std::vector<bool>& argmax_only,
+                   const float* row_norms) {
   MOE_CHECK(weight.data.dtype == DType::kI8, "MatmulTwoPart needs I8 weights");
+  MOE_CHECK(argmax_only.empty() || (static_cast<int64_t>(argmax_only.size()) == m && row_norms),
+            "MatmulTwoPart: argmax flags need one per row and the row norms");
   if (m == 0) return;
   const int64_t n = weight.data.dim(0), k = weight.data.dim(1);
-  // Rows [0, m) of `parts` are the high parts, rows [m, 2m) the low ones: one GEMM for both.
   const auto parts = std::make_unique_for_overwrite<int8_t[]>(2 * m * k);
   const auto scales = std::make_unique_for_overwrite<float[]>(2 * m);
-  QuantizeRows(x, m, k, parts.get(), scales.get());
-  const auto residual = std::make_unique_for_overwrite<float[]>(m * k);
+  SplitTwoParts(x, m, k, parts.get(), scales.get());
+  // One GEMM over every row's first part, then the second parts of the rows that need every column.
+  const auto* plain = static_cast<const int8_t*>(weight.data.data);
+  const bool shortcut = !argmax_only.empty() && plain != nullptr;
+  std::vector<int64_t> second_row(m, -1);  // a row's second part's row in the GEMM
+  int64_t gemm_rows = m;
+  for (int64_t i = 0; i < m; ++i) {
+    if (!shortcut || !argmax_only[i]) second_row[i] = gemm_rows++;
+  }
+  const auto input = std::make_unique_for_overwrite<int8_t[]>(gemm_rows * k);
+  const auto input_scales = std::make_unique_for_overwrite<float[]>(gemm_rows);
+  std::memcpy(input.get(), parts.get(), m * k);
+  std::copy(scales.get(), scales.get() + m, input_scales.get());
+  for (int64_t i = 0; i < m; ++i) {
+    if (second_row[i] < 0) continue;
+    std::memcpy(input.get() + second_row[i] * k, parts.get() + (m + i) * k, k);
+    input_scales[second_row[i]] = scales[m + i];
+  }
+  // With every row flagged, the GEMM's rows are y's.
+  const auto buffer = std::make_unique_for_overwrite<float[]>(gemm_rows > m ? gemm_rows * n : 0);
+  float* products = gemm_rows > m ? buffer.get() : y;
+  Execute(input.get(), input_scales.get(), gemm_rows, weight, products);
+  // A flagged row's maximum survives. Column j's second part, computed as for an unflagged row, is
+  // at most b_j = bound * row_norms[j] in magnitude (Cauchy-Schwarz, the 2^-10 covering every
+  // rounding on the way), so its sum with the first part f_j lies, rounding being monotonic,
+  // within [fl(f_j - b_j), fl(f_j + b_j)]. A column whose upper end is below the largest lower end
+  // is below the column that has that end, and cannot be the maximum: the others get their second
+  // part, the rest keep f_j, which is below the maximum too.
   ParallelFor(m, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin * k; i < end * k; ++i) residual[i] = x[i] - static_cast<float>(parts[i]) * scales[i / k];
-  });
-  QuantizeRows(residual.get(), m, k, parts.get() + m * k, scales.get() + m);
-  const auto products = std::make_unique_for_overwrite<float[]>(2 * m * n);
-  Execute(parts.get(), scales.get(), 2 * m, weight, products.get());
-  ParallelFor(m, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin * n; i < end * n; ++i) y[i] = products[i] + products[m * n + i];
+    std::vector<int32_t> candidates;
+    for (int64_t i = begin; i < end; ++i) {
+      const float* first = products + i * n;
+      float* row = y + i * n;
+      if (second_row[i] >= 0) {
+        const float* rest = products + second_row[i] * n;
+        for (int64_t j = 0; j < n; ++j) row[j] = first[j] + rest[j];
+        continue;
+      }
+      const int8_t* low = parts.get() + (m + i) * k;
+      const float low_scale = scales[m + i];
+      const auto bound =
+          static_cast<float>(std::sqrt(static_cast<double>(DotInt8(low, low, k))) * low_scale * (1 + 0x1p-10));
+      MaxCandidates(first, row_norms, n, bound, candidates);
+      if (row != first) std::copy(first, first + n, row);
+      for (const int32_t j : candidates) {
+        const float part = static_cast<float>(DotInt8(low, plain + j * k, k)) * low_scale * weight.row_scales[j];
+        row[j] += part;
+      }
+    }
   });
 }
 
