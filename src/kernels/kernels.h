@@ -47,9 +47,9 @@ void MatmulQuantized(const int8_t* x, const float* x_scales, int64_t m, const We
 // A row flagged in `argmax_only` is only ever used for its first maximum (greedy decoding), and
 // its second part's products are found only for the columns that could be that maximum, from the
 // plain weight's rows (w.data; without it flags are ignored): the GEMM runs one row for it instead
-// of two. Its first maximal column and that column's value are the same bits as unflagged, the
-// other columns hold values below that maximum. Cauchy-Schwarz bounds a column's second part by
-// |second part of x| * row_norms[j] (I8RowNorms).
+// of two. Its first maximal column and that column's value are the same bits as unflagged; no
+// other column exceeds that maximum (those that could reach it hold their exact values).
+// Cauchy-Schwarz bounds a column's second part by |second part of x| * row_norms[j] (I8RowNorms).
 void MatmulTwoPart(const float* x, int64_t m, const Weight& w, float* y, const std::vector<bool>& argmax_only = {},
                    const float* row_norms = nullptr);
 
