@@ -155,16 +155,16 @@ def write_safetensors(path, tensors, metadata=None):
             f.write(arr.tobytes())
 
 
-def read_safetensors(path):
-    """-> (dict name -> (dtype, storage array), metadata). Arrays are copies, not views."""
-    with open(path, "rb") as f:
-        raw = f.read()
-    if len(raw) < 8:
+def map_safetensors(path):
+    """-> (dict name -> (dtype, storage array), metadata). Arrays are read-only views of a memory
+    map of the file: a tensor is read from disk when it is used."""
+    if os.path.getsize(path) < 8:
         raise ValueError(f"{path}: too short for a safetensors header")
-    (n,) = struct.unpack("<Q", raw[:8])
+    raw = np.memmap(path, dtype=np.uint8, mode="r")
+    (n,) = struct.unpack("<Q", raw[:8].tobytes())
     if 8 + n > len(raw):
         raise ValueError(f"{path}: header length {n} past end of file")
-    header = json.loads(raw[8:8 + n].decode("utf-8"))
+    header = json.loads(raw[8:8 + n].tobytes().decode("utf-8"))
     metadata = header.pop("__metadata__", {})
     base = 8 + n
     out = {}
@@ -177,9 +177,14 @@ def read_safetensors(path):
         count = math.prod(shape)
         if end - begin != count * _STORAGE[dtype].itemsize or base + end > len(raw):
             raise ValueError(f"{path}: tensor {name} has bad data_offsets {begin},{end}")
-        arr = np.frombuffer(raw, dtype=_STORAGE[dtype], count=count, offset=base + begin)
-        out[name] = (dtype, arr.reshape(shape).copy())
+        out[name] = (dtype, raw[base + begin:base + end].view(_STORAGE[dtype]).reshape(shape))
     return out, metadata
+
+
+def read_safetensors(path):
+    """-> (dict name -> (dtype, storage array), metadata). Arrays are copies, not views."""
+    tensors, metadata = map_safetensors(path)
+    return {name: (dtype, np.array(arr)) for name, (dtype, arr) in tensors.items()}, metadata
 
 
 def shard_file_name(i, n):

