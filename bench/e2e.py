@@ -48,6 +48,9 @@ ROOT = os.path.dirname(HERE)
 CONFIG = os.path.join(HERE, "configs", "bench-3b.json")
 
 # llama.cpp (Q8_0, 2 threads) on this kind of machine, and the multiple to beat it by (issue 4).
+# The 32-sequence figure is decode only (llama-batched-bench's S_TG): bench/llama_cpp.sh measured
+# llama.cpp here at 1.2-1.3x the batch-1 and prefill references and at 58-63 tok/s S_TG, while its
+# generated tokens over the whole run (prompts included) came to 27-31 tok/s, below 43.
 LLAMA_CPP = {"decode_c1": (27.0, 2.0), "decode_c32": (43.0, 5.0), "prefill_512": (98.0, 4.0)}
 
 
@@ -428,7 +431,7 @@ def targets(derived):
     for name, (ref, mult) in LLAMA_CPP.items():
         if name not in w:
             continue
-        v = w[name].get("prefill_tok_s") or (w[name]["output_tok_s_e2e"] if name == "decode_c32" else w[name]["decode_tok_s"])
+        v = w[name].get("prefill_tok_s") or w[name]["decode_tok_s"]
         add(f"{name} vs llama.cpp {ref} tok/s x{mult}", round(v, 1), f">= {ref * mult:.0f} tok/s", v >= ref * mult)
     if "decode_c1" in w and "decode_c32" in w:
         ratio = w["decode_c32"]["decode_tok_s"] / w["decode_c1"]["decode_tok_s"]
