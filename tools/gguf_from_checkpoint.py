@@ -61,13 +61,13 @@ def q8_0(values):
     return out.tobytes()
 
 
-def metadata(config, tokenizer, tokenizer_config):
+def metadata(config, name, tokenizer, tokenizer_config):
     c = config
     arch = "deepseek2"
     rope = c.get("rope_scaling") or {}
     m = [
         ("general.architecture", STRING, arch),
-        ("general.name", STRING, os.path.basename(os.path.normpath(c["_dir"]))),
+        ("general.name", STRING, name),
         ("general.file_type", U32, FILE_TYPE_MOSTLY_Q8_0),
         ("general.alignment", U32, ALIGNMENT),
         (f"{arch}.block_count", U32, c["num_hidden_layers"]),
@@ -124,6 +124,9 @@ def vocabulary(vocab_size, tokenizer, tokenizer_config):
         tokens[i], types[i] = text, TOKEN_NORMAL
     for added in tokenizer.get("added_tokens", []):
         i = added["id"]
+        if not 0 <= i < vocab_size:
+            raise ValueError(f"tokenizer.json: added token {added['content']!r} has id {i}, outside the "
+                             f"model's vocabulary of {vocab_size}")
         tokens[i], types[i] = added["content"], TOKEN_CONTROL if added.get("special") else TOKEN_USER_DEFINED
     tokens = [t if t is not None else f"[PAD{i}]" for i, t in enumerate(tokens)]
     merges = [m if isinstance(m, str) else " ".join(m) for m in model.get("merges", [])]
@@ -153,7 +156,12 @@ def tensors(config, weights):
     c = config
 
     def w(name):
+        if name not in weights:
+            raise ValueError(f"the checkpoint has no tensor {name}")
         dtype, storage = weights[name]
+        if name + "_scale_inv" in weights:  # FP8 with block scales, as DeepSeek-V3 ships
+            return checkpoint_io.block_dequant(checkpoint_io.decode(dtype, storage),
+                                               checkpoint_io.decode(*weights[name + "_scale_inv"])).astype(np.float32)
         return checkpoint_io.decode(dtype, storage).astype(np.float32, copy=False)
 
     yield "token_embd.weight", w("model.embed_tokens.weight"), True
@@ -203,7 +211,6 @@ def pad(n):
 def write_gguf(model_dir, out_path):
     with open(os.path.join(model_dir, "config.json")) as f:
         config = json.load(f)
-    config["_dir"] = model_dir
     with open(os.path.join(model_dir, "tokenizer.json")) as f:
         tokenizer = json.load(f)
     with open(os.path.join(model_dir, "tokenizer_config.json")) as f:
@@ -227,7 +234,7 @@ def write_gguf(model_dir, out_path):
             print(f"\r[{n + 1}] {name} {list(array.shape)} -> {offset / 1e9:.2f} GB", end="", flush=True)
     print()
 
-    meta = metadata(config, tokenizer, tokenizer_config)
+    meta = metadata(config, os.path.basename(os.path.normpath(model_dir)), tokenizer, tokenizer_config)
     head = b"GGUF" + struct.pack("<IQQ", 3, len(infos), len(meta))
     head += b"".join(pack_string(k) + struct.pack("<I", kind) + pack_value(kind, v) for k, kind, v in meta)
     for name, dims, ggml_type, off in infos:
@@ -248,7 +255,7 @@ def main(argv):
     try:
         write_gguf(argv[1], argv[2])
     except (OSError, KeyError, ValueError) as e:
-        sys.exit(f"gguf_from_checkpoint: {e!r}")
+        sys.exit(f"gguf_from_checkpoint: {e}")
 
 
 if __name__ == "__main__":
