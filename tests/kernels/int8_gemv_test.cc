@@ -1,6 +1,7 @@
-// Int8Gemv's INT32 products against a scalar loop, to the bit, on odd shapes and extreme values; and
-// Matmul of I8 weights, which runs Int8Gemv for a few rows and oneDNN for more, giving a row the
-// same bits whatever the batch around it and whichever layouts the weight comes in.
+// Int8Gemv's INT32 products (and Int8GemvScaled's F32 ones) against a scalar loop, to the bit, on odd
+// shapes and extreme values; and Matmul of I8 weights, which runs Int8Gemv for a few rows and oneDNN
+// for more, giving a row the same bits whatever the batch around it and whichever layouts the weight
+// comes in.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -46,6 +47,16 @@ void ExpectProductsExact(const std::vector<int8_t>& x, int64_t m, const std::vec
   const std::vector<int32_t> want = ScalarProducts(x, m, w, n, k);
   for (int64_t i = 0; i < m * n; ++i) {
     ASSERT_EQ(y[i], want[i]) << "m " << m << " n " << n << " k " << k << " at row " << i / n << " column " << i % n;
+  }
+  // Scaled: each product times its row's and its column's scale, in that order, to the bit.
+  std::vector<float> x_scales(m), w_scales(n), scaled(m * n);
+  for (int64_t i = 0; i < m; ++i) x_scales[i] = 0.01f + 0.003f * static_cast<float>(i);
+  for (int64_t j = 0; j < n; ++j) w_scales[j] = 0.02f - 0.0001f * static_cast<float>(j);
+  cpu::Int8GemvScaled(x.data(), x_scales.data(), m, packed.data(), n, k, w_scales.data(), scaled.data());
+  for (int64_t i = 0; i < m * n; ++i) {
+    const float expected = static_cast<float>(want[i]) * x_scales[i / n] * w_scales[i % n];
+    ASSERT_EQ(std::memcmp(&scaled[i], &expected, sizeof(float)), 0)
+        << "m " << m << " n " << n << " k " << k << " at row " << i / n << " column " << i % n;
   }
 }
 

@@ -130,7 +130,12 @@ void PackInt8Gemv(const int8_t* w, int64_t n, int64_t k, uint8_t* packed) {
 }
 
 #if defined(__x86_64__)
-void Int8Gemv(const int8_t* x, int64_t m, const uint8_t* packed, int64_t n, int64_t k, int32_t* y) {
+namespace {
+
+// Int8Gemv, and with x_scales (and w_scales) Int8GemvScaled, whose F32 results go over y's storage
+// block by block while the block is in cache.
+void Products(const int8_t* x, int64_t m, const uint8_t* packed, int64_t n, int64_t k, const float* x_scales,
+              const float* w_scales, int32_t* y) {
   MOE_CHECK(Int8GemvSupported(), "Int8Gemv: this CPU lacks AVX-512 VNNI");
   std::vector<int32_t> bias(m);
   for (int64_t i = 0; i < m; ++i) bias[i] = 128 * RowSum(x + i * k, k);
@@ -164,14 +169,39 @@ void Int8Gemv(const int8_t* x, int64_t m, const uint8_t* packed, int64_t n, int6
                             y + i * n + col, n, masks);
         }
       }
+      const int64_t col_end = std::min(n, col + kBlockCols);
       for (int64_t i = 0; i < m; ++i) {
-        for (int64_t j = col; j < std::min(n, col + kBlockCols); ++j) y[i * n + j] -= bias[i];
+        int32_t* row = y + i * n;
+        if (!x_scales) {
+          for (int64_t j = col; j < col_end; ++j) row[j] -= bias[i];
+          continue;
+        }
+        for (int64_t j = col; j < col_end; ++j) {
+          const float value = static_cast<float>(row[j] - bias[i]) * x_scales[i] * w_scales[j];
+          std::memcpy(&row[j], &value, sizeof(value));
+        }
       }
     }
   });
 }
+
+}  // namespace
+
+void Int8Gemv(const int8_t* x, int64_t m, const uint8_t* packed, int64_t n, int64_t k, int32_t* y) {
+  Products(x, m, packed, n, k, nullptr, nullptr, y);
+}
+
+void Int8GemvScaled(const int8_t* x, const float* x_scales, int64_t m, const uint8_t* packed, int64_t n, int64_t k,
+                    const float* w_scales, float* y) {
+  static_assert(sizeof(int32_t) == sizeof(float));
+  Products(x, m, packed, n, k, x_scales, w_scales, reinterpret_cast<int32_t*>(y));
+}
 #else
 void Int8Gemv(const int8_t*, int64_t, const uint8_t*, int64_t, int64_t, int32_t*) {
+  MOE_CHECK(false, "Int8Gemv needs x86-64");
+}
+
+void Int8GemvScaled(const int8_t*, const float*, int64_t, const uint8_t*, int64_t, int64_t, const float*, float*) {
   MOE_CHECK(false, "Int8Gemv needs x86-64");
 }
 #endif

@@ -26,6 +26,12 @@ void PackInt8Gemv(const int8_t* w, int64_t n, int64_t k, uint8_t* packed);
 // PackInt8Gemv laid it out: exact for any values and k up to 2^16. Needs Int8GemvSupported().
 void Int8Gemv(const int8_t* x, int64_t m, const uint8_t* packed, int64_t n, int64_t k, int32_t* y);
 
+// Int8Gemv's products dequantized: y[i, j] = float(product) * x_scales[i] * w_scales[j], in that
+// order, the same bits as Matmul's epilogue gives oneDNN's products; done per block of columns
+// while its products are in cache, rather than in a pass of its own.
+void Int8GemvScaled(const int8_t* x, const float* x_scales, int64_t m, const uint8_t* packed, int64_t n, int64_t k,
+                    const float* w_scales, float* y);
+
 // The same products by oneDNN's GEMM (matmul.cc) on `packed`, the weight as PackMatmulWeight lays
 // it out: what Matmul runs above kInt8GemvMaxRows rows. Returns where they are: y, or, when m is
 // not a size the GEMM was built for, the first m rows of a buffer of this thread that the next

@@ -165,13 +165,15 @@ void Execute(const void* src, const float* src_scales, int64_t m, const Weight& 
   const TensorView& w = weight.data;
   const int64_t n = w.dim(0), k = w.dim(1);
   // INT32 results go to y's own storage (or, from a padded GEMM, to a buffer of this thread), then
-  // are scaled into y.
+  // are scaled into y; Int8Gemv scales its own, a block at a time.
   static_assert(sizeof(int32_t) == sizeof(float));
   const int32_t* products = reinterpret_cast<const int32_t*>(y);
   if (weight.gemv_packed && m <= cpu::kInt8GemvMaxRows) {
-    cpu::Int8Gemv(static_cast<const int8_t*>(src), m, static_cast<const uint8_t*>(weight.gemv_packed), n, k,
-                  reinterpret_cast<int32_t*>(y));
-  } else if (weight.packed) {
+    cpu::Int8GemvScaled(static_cast<const int8_t*>(src), src_scales, m,
+                        static_cast<const uint8_t*>(weight.gemv_packed), n, k, weight.row_scales, y);
+    return;
+  }
+  if (weight.packed) {
     MOE_CHECK(w.dtype == DType::kI8, "only I8 weights are packed");
     products = cpu::Int8GemmPacked(static_cast<const int8_t*>(src), m, k, n, weight.packed,
                                    reinterpret_cast<int32_t*>(y));
