@@ -100,6 +100,22 @@ using PassFn = void (*)(const int8_t*, int64_t, const uint8_t*, const uint8_t*, 
                         const __mmask16 (&)[4]);
 constexpr PassFn kPasses[kPassRows] = {&Pass<1>, &Pass<2>, &Pass<3>, &Pass<4>, &Pass<5>, &Pass<6>};
 
+// A row's 64 sums of a block, where `masks` says columns exist, less the bias; with w_scales (the
+// block's), turned into F32 times x_scale, then times each column's scale, in place.
+MOE_AVX512_VNNI void FinishBlock(int32_t* row, int32_t bias, float x_scale, const float* w_scales,
+                                 const __mmask16 (&masks)[4]) {
+  for (int v = 0; v < 4; ++v) {
+    const __m512i sums = _mm512_sub_epi32(_mm512_maskz_loadu_epi32(masks[v], row + 16 * v), _mm512_set1_epi32(bias));
+    if (!w_scales) {
+      _mm512_mask_storeu_epi32(row + 16 * v, masks[v], sums);
+      continue;
+    }
+    const __m512 scaled = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(sums), _mm512_set1_ps(x_scale)),
+                                        _mm512_maskz_loadu_ps(masks[v], w_scales + 16 * v));
+    _mm512_mask_storeu_ps(row + 16 * v, masks[v], scaled);
+  }
+}
+
 #endif
 
 }  // namespace
@@ -169,17 +185,9 @@ void Products(const int8_t* x, int64_t m, const uint8_t* packed, int64_t n, int6
                             y + i * n + col, n, masks);
         }
       }
-      const int64_t col_end = std::min(n, col + kBlockCols);
       for (int64_t i = 0; i < m; ++i) {
-        int32_t* row = y + i * n;
-        if (!x_scales) {
-          for (int64_t j = col; j < col_end; ++j) row[j] -= bias[i];
-          continue;
-        }
-        for (int64_t j = col; j < col_end; ++j) {
-          const float value = static_cast<float>(row[j] - bias[i]) * x_scales[i] * w_scales[j];
-          std::memcpy(&row[j], &value, sizeof(value));
-        }
+        FinishBlock(y + i * n + col, bias[i], x_scales ? x_scales[i] : 0.0f, x_scales ? w_scales + col : nullptr,
+                    masks);
       }
     }
   });
