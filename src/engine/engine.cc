@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <cstring>
+#include <utility>
+
+#include "base/thread_pool.h"
 
 namespace moe {
 
@@ -117,18 +120,26 @@ std::vector<RequestOutput> Engine::Step() {
       argmax_only.push_back(r.sampling.temperature <= 0 && !r.sampling.has_penalties() && r.logprobs == 0);
     }
     Tensor logits = model_.Logits(last.data<float>(), last.dim(0), argmax_only);
-    for (size_t i = 0; i < samplers.size(); ++i) {
-      const RequestId id = samplers[i]->id;
-      const Request& state = *scheduler_.Find(id);
-      Live& live = live_.at(id);
-      RequestOutput out;
-      out.id = id;
-      out.num_prompt_tokens = state.num_prompt_tokens;
-      out.num_cached_tokens = std::max<int64_t>(state.num_cached_tokens, 0);
-      const int32_t token = SampleNext(live, state, logits.data<float>() + i * vocab, out);
-      out.new_token_ids.push_back(token);
-      step_outputs.push_back({.id = id, .sampled_token_ids = {token}, .stopped = Stops(live, state, token)});
-      outputs.push_back(std::move(out));
+    // Requests sample on every thread: each has its own logits row and sampler (and seed).
+    const auto n = static_cast<int64_t>(samplers.size());
+    std::vector<std::pair<const Request*, Live*>> sampling(n);
+    std::vector<RequestOutput> sampled(n);
+    for (int64_t i = 0; i < n; ++i) sampling[i] = {scheduler_.Find(samplers[i]->id), &live_.at(samplers[i]->id)};
+    ParallelFor(n, [&](int64_t begin, int64_t end) {
+      for (int64_t i = begin; i < end; ++i) {
+        const auto [state, live] = sampling[i];
+        RequestOutput& out = sampled[i];
+        out.id = samplers[i]->id;
+        out.num_prompt_tokens = state->num_prompt_tokens;
+        out.num_cached_tokens = std::max<int64_t>(state->num_cached_tokens, 0);
+        out.new_token_ids.push_back(SampleNext(*live, *state, logits.data<float>() + i * vocab, out));
+      }
+    });
+    for (int64_t i = 0; i < n; ++i) {
+      const int32_t token = sampled[i].new_token_ids.front();
+      step_outputs.push_back({.id = sampled[i].id, .sampled_token_ids = {token},
+                              .stopped = Stops(*sampling[i].second, *sampling[i].first, token)});
+      outputs.push_back(std::move(sampled[i]));
     }
   }
 
