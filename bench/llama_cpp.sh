@@ -58,7 +58,8 @@ with open(reference) as f:
 PY
 
 BIN=$WORK/src/build/bin
-echo "== $(git -C "$WORK/src" log -1 --format=%s | head -c 60) (llama.cpp $(cat "$WORK/node_modules/node-llama-cpp/llama/llama.cpp.info.json" | tr -d '\n '))"
+TAG=$(sed -n 's/.*"tag": *"\([^"]*\)".*/\1/p' "$WORK/node_modules/node-llama-cpp/llama/llama.cpp.info.json")
+echo "== llama.cpp $TAG (commit $(git -C "$WORK/src" rev-parse --short HEAD)), as node-llama-cpp@$NODE_LLAMA_CPP ships it"
 echo "== llama-bench: pp512 and tg64, $THREADS threads, 3 repetitions"
 "$BIN/llama-bench" -m "$GGUF" -t "$THREADS" -p 512 -n 64 -r 3
 echo "== llama-batched-bench: 128 prompt + 64 generated tokens per sequence"
