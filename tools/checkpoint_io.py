@@ -301,25 +301,30 @@ class StreamingCheckpointWriter:
         return False
 
 
-def read_checkpoint(model_dir):
-    """-> dict name -> (dtype, storage) over model.safetensors or the sharded index."""
+def map_checkpoint(model_dir):
+    """-> dict name -> (dtype, storage) over model.safetensors or the sharded index, the arrays
+    read-only views of memory maps (map_safetensors)."""
     index_path = os.path.join(model_dir, INDEX_NAME)
-    if os.path.exists(index_path):
-        with open(index_path) as f:
-            weight_map = json.load(f)["weight_map"]
-        out = {}
-        for fname in sorted(set(weight_map.values())):
-            tensors, _ = read_safetensors(os.path.join(model_dir, fname))
-            for name, t in tensors.items():
-                if weight_map.get(name) != fname:
-                    raise ValueError(f"{fname}: tensor {name} not mapped to this file by the index")
-                out[name] = t
-        missing = set(weight_map) - set(out)
-        if missing:
-            raise ValueError(f"index names tensors missing from shards: {sorted(missing)[:5]}")
-        return out
-    tensors, _ = read_safetensors(os.path.join(model_dir, SINGLE_NAME))
-    return tensors
+    if not os.path.exists(index_path):
+        return map_safetensors(os.path.join(model_dir, SINGLE_NAME))[0]
+    with open(index_path) as f:
+        weight_map = json.load(f)["weight_map"]
+    out = {}
+    for fname in sorted(set(weight_map.values())):
+        tensors, _ = map_safetensors(os.path.join(model_dir, fname))
+        for name, t in tensors.items():
+            if weight_map.get(name) != fname:
+                raise ValueError(f"{fname}: tensor {name} not mapped to this file by the index")
+            out[name] = t
+    missing = set(weight_map) - set(out)
+    if missing:
+        raise ValueError(f"index names tensors missing from shards: {sorted(missing)[:5]}")
+    return out
+
+
+def read_checkpoint(model_dir):
+    """-> dict name -> (dtype, storage) over model.safetensors or the sharded index; copies."""
+    return {name: (dtype, np.array(arr)) for name, (dtype, arr) in map_checkpoint(model_dir).items()}
 
 
 def block_dequant(values, scale_inv, block=128):

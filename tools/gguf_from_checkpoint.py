@@ -215,12 +215,7 @@ def write_gguf(model_dir, out_path):
         tokenizer = json.load(f)
     with open(os.path.join(model_dir, "tokenizer_config.json")) as f:
         tokenizer_config = json.load(f)
-    weights = {}
-    index = os.path.join(model_dir, checkpoint_io.INDEX_NAME)
-    files = sorted(set(json.load(open(index))["weight_map"].values())) if os.path.exists(index) \
-        else [checkpoint_io.SINGLE_NAME]
-    for name in files:
-        weights.update(checkpoint_io.map_safetensors(os.path.join(model_dir, name))[0])
+    weights = checkpoint_io.map_checkpoint(model_dir)
 
     # Tensor infos hold each tensor's offset, so the data is converted first into a side file.
     infos, offset = [], 0
