@@ -49,7 +49,7 @@ CONFIG = os.path.join(HERE, "configs", "bench-3b.json")
 
 # llama.cpp (Q8_0, 2 threads) on this kind of machine, and the multiple to beat it by (issue 4).
 # The 32-sequence figure is decode only (llama-batched-bench's S_TG): bench/llama_cpp.sh measured
-# llama.cpp here at 1.2-1.3x the batch-1 and prefill references and at 58-63 tok/s S_TG, while its
+# llama.cpp here at 1.1-1.4x the batch-1 and prefill references and at 56-63 tok/s S_TG, while its
 # generated tokens over the whole run (prompts included) came to 27-31 tok/s, below 43.
 LLAMA_CPP = {"decode_c1": (27.0, 2.0), "decode_c32": (43.0, 5.0), "prefill_512": (98.0, 4.0)}
 
