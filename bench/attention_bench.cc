@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "base/cpu_features.h"
@@ -58,7 +59,7 @@ void BM_LatentAttention(benchmark::State& state, kernels::SoftmaxRescale rescale
   ReportRoofline(state, seconds, bytes, ops, Limits().f32_gflops);
 }
 
-void BM_PromptAttention(benchmark::State& state, bool bf16_products) {
+void BM_PromptAttention(benchmark::State& state, bool bf16_products, kernels::cpu::Isa isa) {
   const int64_t tokens = state.range(0), qk = 192, vdim = 128;
   std::mt19937 rng(7);
   const std::vector<float> q = RandomCache<float>(tokens * kHeads * qk, rng);
@@ -68,13 +69,16 @@ void BM_PromptAttention(benchmark::State& state, bool bf16_products) {
   const kernels::AttentionParams p{.tokens = tokens, .keys = tokens, .heads = kHeads, .qk_dim = qk, .v_dim = vdim,
                                    .q_offset = 0, .scale = 0.072f, .bf16_products = bf16_products};
   const double seconds = FastestIteration(state, [&] {
-    kernels::cpu::Attention(kernels::cpu::Isa::kAvx512, q.data(), k.data(), v.data(), p, out.data());
+    kernels::cpu::Attention(isa, q.data(), k.data(), v.data(), p, out.data());
     benchmark::DoNotOptimize(out.data());
   });
   // Causal: query t takes t + 1 keys, each a qk-wide dot product and a v-wide weighted add.
   const double ops = 2.0 * kHeads * (tokens * (tokens + 1) / 2.0) * (qk + vdim);
   const double bytes = sizeof(float) * tokens * kHeads * (2.0 * qk + 2.0 * vdim);
-  ReportRoofline(state, seconds, bytes, ops, bf16_products ? Limits().bf16_gflops : Limits().f32_gflops);
+  const double peak = !bf16_products                   ? Limits().f32_gflops
+                      : isa == kernels::cpu::Isa::kAmx ? Limits().amx_bf16_gflops
+                                                       : Limits().bf16_gflops;
+  ReportRoofline(state, seconds, bytes, ops, peak);
 }
 
 void Register(const std::string& name, void (*fn)(benchmark::State&, kernels::SoftmaxRescale, kernels::cpu::Isa),
@@ -93,13 +97,13 @@ void RegisterAttentionBenchmarks() {
   Register("bf16_cache/plain", BM_LatentAttention<bf16>, SoftmaxRescale::kMultiply, best, {1024, 4096, 16384});
   Register("f32_cache/amla", BM_LatentAttention<float>, SoftmaxRescale::kAmla, best, {1024, 4096, 16384});
   Register("f32_cache/plain", BM_LatentAttention<float>, SoftmaxRescale::kMultiply, best, {1024, 4096, 16384});
-  if (kernels::cpu::IsaSupported(kernels::cpu::Isa::kAvx512)) {
-    for (bool bf16 : {false, true}) {
-      if (bf16 && !GetCpuFeatures().avx512bf16) continue;
-      auto* b = benchmark::RegisterBenchmark(bf16 ? "PromptAttention/bf16_products" : "PromptAttention/f32_products",
-                                             BM_PromptAttention, bf16);
-      b->ArgName("tokens")->UseRealTime()->MinTime(0.2)->Arg(512)->Arg(2048);
-    }
+  using kernels::cpu::Isa;
+  for (const auto& [name, bf16, isa] : {std::tuple{"PromptAttention/f32_products", false, Isa::kAvx512},
+                                        std::tuple{"PromptAttention/bf16_products", true, Isa::kAvx512},
+                                        std::tuple{"PromptAttention/bf16_products/amx", true, Isa::kAmx}}) {
+    if (!kernels::cpu::IsaSupported(isa) || (bf16 && !GetCpuFeatures().avx512bf16)) continue;
+    benchmark::RegisterBenchmark(name, BM_PromptAttention, bf16, isa)
+        ->ArgName("tokens")->UseRealTime()->MinTime(0.2)->Arg(512)->Arg(2048);
   }
   // The scalar fallback, for scale.
   Register("bf16_cache/amla/generic", BM_LatentAttention<bf16>, SoftmaxRescale::kAmla, kernels::cpu::Isa::kGeneric,

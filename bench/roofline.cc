@@ -14,6 +14,9 @@
 
 #include "base/cpu_features.h"
 #include "base/thread_pool.h"
+#include "kernels/cpu/amx.h"
+#include "kernels/cpu/isa.h"
+#include "tensor/dtype.h"
 
 namespace moe::bench {
 namespace {
@@ -186,6 +189,30 @@ __attribute__((target("avx512f,avx512bf16"))) double Bf16Avx512(int64_t iters) {
   g_float_operand = 1.0f + 1e-30f * lanes[0];
   return 2.0 * 32 * kChains * static_cast<double>(iters);
 }
+
+// Four accumulator tiles, each TDPBF16PS 16 x 16 outputs of 32 products: the AMX loops' shape.
+__attribute__((target("amx-tile,amx-bf16"))) double Bf16Amx(int64_t iters) {
+  static const kernels::cpu::TileConfig config;
+  alignas(64) static bf16 operand[kernels::cpu::kAmxTileValues];
+  alignas(64) static float result[kernels::cpu::kAmxRows * kernels::cpu::kAmxRows];
+  _tile_loadconfig(&config);
+  _tile_loadd(4, operand, 64);
+  _tile_loadd(5, operand, 64);
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+  for (int64_t i = 0; i < iters; ++i) {
+    _tile_dpbf16ps(0, 4, 5);
+    _tile_dpbf16ps(1, 4, 5);
+    _tile_dpbf16ps(2, 4, 5);
+    _tile_dpbf16ps(3, 4, 5);
+  }
+  _tile_stored(0, result, 64);
+  _tile_release();
+  benchmark::DoNotOptimize(result);
+  return 2.0 * 4 * kernels::cpu::kAmxRows * kernels::cpu::kAmxRows * kernels::cpu::kAmxK * static_cast<double>(iters);
+}
 #endif
 
 PeakLoop Int8Loop() {
@@ -211,6 +238,13 @@ PeakLoop Bf16Loop() {
   if (GetCpuFeatures().avx512bf16) return {"avx512bf16 vdpbf16ps", Bf16Avx512};
 #endif
   return F32Loop();
+}
+
+PeakLoop AmxBf16Loop() {
+#if defined(__x86_64__)
+  if (kernels::cpu::IsaSupported(kernels::cpu::Isa::kAmx)) return {"amx-bf16 tdpbf16ps", Bf16Amx};
+#endif
+  return Bf16Loop();
 }
 
 // Operations per second, in G, of `loop` on every thread at once.
@@ -263,7 +297,9 @@ const MachineLimits& Limits() {
     m.bf16_gflops = BestOf(10, [] { return RunPeak(Bf16Loop(), kPeakIters); });
     m.int8_isa = Int8Loop().isa;
     m.f32_isa = F32Loop().isa;
+    m.amx_bf16_gflops = BestOf(10, [] { return RunPeak(AmxBf16Loop(), kPeakIters); });
     m.bf16_isa = Bf16Loop().isa;
+    m.amx_bf16_isa = AmxBf16Loop().isa;
     return m;
   }();
   return limits;
@@ -282,6 +318,7 @@ void RegisterRooflineBenchmarks() {
   benchmark::RegisterBenchmark("Roofline/Int8Peak", BM_Peak, Int8Loop())->UseRealTime()->MinTime(0.1);
   benchmark::RegisterBenchmark("Roofline/F32Peak", BM_Peak, F32Loop())->UseRealTime()->MinTime(0.1);
   benchmark::RegisterBenchmark("Roofline/Bf16Peak", BM_Peak, Bf16Loop())->UseRealTime()->MinTime(0.1);
+  benchmark::RegisterBenchmark("Roofline/AmxBf16Peak", BM_Peak, AmxBf16Loop())->UseRealTime()->MinTime(0.1);
 }
 
 }  // namespace moe::bench

@@ -6,7 +6,8 @@
 // softmax state (running max m, sum l, output O) across tiles, so a tile is read from cache once
 // per block of rows instead of once per row. Before its first task on a head, a thread lays the
 // head's keys out transposed per tile and its values padded (HeadTiles), the form the AVX-512 loops
-// read without gathers (for BF16 products: rounded to BF16, in the pairs VDPBF16PS multiplies).
+// read without gathers (for BF16 products: rounded to BF16, in the pairs VDPBF16PS multiplies,
+// which are also the B operands of the AMX loops, attention_amx.cc).
 // Tasks run head-major, so the threads split the heads and a thread lays out each head once.
 //
 // Online softmax in base 2, as in latent_attention.cc: scores are scaled by scale * log2(e), and
@@ -80,33 +81,39 @@ void LayOutHead(const float* k, const float* v, const AttentionParams& p, int64_
   }
 }
 
-void AttentionAvx512(const float* q, const float* k, const float* v, const AttentionParams& p, float* out) {
+// The tile loops of `isa` (kAvx512 or kAmx) over every head and block of query rows.
+void AttentionTiles(Isa isa, const float* q, const float* k, const float* v, const AttentionParams& p, float* out) {
   const int64_t blocks = CeilDiv(p.tokens, kAttentionQueryBlock);
   const int64_t v_stride = RoundUp(p.v_dim, 16);
+  const int64_t padded_keys = RoundUp(p.keys, kAttentionKeyTile);
   const float score_scale = p.scale * std::numbers::log2e_v<float>;
-  const bool bf16_products = UsesBf16Products(Isa::kAvx512, p);
-  const int64_t key_floats = RoundUp(p.keys, kAttentionKeyTile) * RoundUp(p.qk_dim, 2);
-  const int64_t value_floats = RoundUp(p.keys, 2) * v_stride;
+  const bool bf16_products = UsesBf16Products(isa, p);
+  const bool amx = bf16_products && isa == Isa::kAmx;
+  void (*const attend)(const QueryBlock&, const HeadTiles&, float*) =
+      amx ? AttendBlockAmx : bf16_products ? AttendBlockAvx512Bf16 : AttendBlockAvx512;
   ParallelFor(p.heads * blocks, [&](int64_t begin, int64_t end) {
-    // BF16 pairs take half the floats.
-    const auto kt = std::make_unique_for_overwrite<float[]>(bf16_products ? key_floats / 2 : key_floats);
-    const auto vt = std::make_unique_for_overwrite<float[]>(bf16_products ? value_floats / 2 : value_floats);
-    const auto scratch = std::make_unique_for_overwrite<float[]>(AttendBlockScratch(p.qk_dim, v_stride));
+    std::unique_ptr<float[]> kt, vt;
+    std::unique_ptr<bf16[]> kt_pairs, v_pairs;
     HeadTiles tiles{.qk_dim = p.qk_dim, .v_stride = v_stride};
     if (bf16_products) {
-      tiles.kt_pairs = reinterpret_cast<const bf16*>(kt.get());
-      tiles.v_pairs = reinterpret_cast<const bf16*>(vt.get());
+      kt_pairs = std::make_unique_for_overwrite<bf16[]>(padded_keys * KeyPairs(p.qk_dim) * 2);
+      v_pairs = std::make_unique_for_overwrite<bf16[]>(padded_keys * v_stride);
+      tiles.kt_pairs = kt_pairs.get();
+      tiles.v_pairs = v_pairs.get();
     } else {
+      kt = std::make_unique_for_overwrite<float[]>(padded_keys * p.qk_dim);
+      vt = std::make_unique_for_overwrite<float[]>(p.keys * v_stride);
       tiles.kt = kt.get();
       tiles.v = vt.get();
     }
+    const auto scratch = std::make_unique_for_overwrite<float[]>(
+        amx ? AttendBlockAmxScratch(p.qk_dim, v_stride) : AttendBlockScratch(p.qk_dim, v_stride));
     int64_t laid_out = -1;
     for (int64_t task = begin; task < end; ++task) {
       const int64_t h = task / blocks, first = task % blocks * kAttentionQueryBlock;
       if (h != laid_out) {
         if (bf16_products) {
-          LayOutHeadPairsAvx512Bf16(k, v, p, h, v_stride, reinterpret_cast<bf16*>(kt.get()),
-                                    reinterpret_cast<bf16*>(vt.get()));
+          LayOutHeadPairsAvx512Bf16(k, v, p, h, v_stride, kt_pairs.get(), v_pairs.get());
         } else {
           LayOutHead(k, v, p, h, v_stride, kt.get(), vt.get());
         }
@@ -120,11 +127,7 @@ void AttentionAvx512(const float* q, const float* k, const float* v, const Atten
                              .out_stride = p.heads * p.v_dim,
                              .v_dim = p.v_dim,
                              .score_scale = score_scale};
-      if (bf16_products) {
-        AttendBlockAvx512Bf16(block, tiles, scratch.get());
-      } else {
-        AttendBlockAvx512(block, tiles, scratch.get());
-      }
+      attend(block, tiles, scratch.get());
     }
   });
 }
@@ -132,16 +135,15 @@ void AttentionAvx512(const float* q, const float* k, const float* v, const Atten
 }  // namespace
 
 bool UsesBf16Products(Isa isa, const AttentionParams& p) {
-  return p.bf16_products && isa == Isa::kAvx512 && GetCpuFeatures().avx512bf16;
+  return p.bf16_products && (isa == Isa::kAvx512 || isa == Isa::kAmx) && GetCpuFeatures().avx512bf16;
 }
 
 void Attention(Isa isa, const float* q, const float* k, const float* v, const AttentionParams& p, float* out) {
-  MOE_CHECK(isa == Isa::kGeneric || isa == Isa::kAvx512, "Attention has no variant for this ISA");
   MOE_CHECK(IsaSupported(isa), "Attention: this CPU cannot run the requested ISA");
-  if (isa == Isa::kAvx512) {
-    AttentionAvx512(q, k, v, p, out);
-  } else {
+  if (isa == Isa::kGeneric) {
     AttentionGeneric(q, k, v, p, out);
+  } else {
+    AttentionTiles(isa, q, k, v, p, out);
   }
 }
 
@@ -150,7 +152,9 @@ void Attention(Isa isa, const float* q, const float* k, const float* v, const At
 namespace moe::kernels {
 
 void Attention(const float* q, const float* k, const float* v, const AttentionParams& p, float* out) {
-  static const cpu::Isa isa = cpu::IsaSupported(cpu::Isa::kAvx512) ? cpu::Isa::kAvx512 : cpu::Isa::kGeneric;
+  static const cpu::Isa isa = cpu::IsaSupported(cpu::Isa::kAmx)      ? cpu::Isa::kAmx
+                              : cpu::IsaSupported(cpu::Isa::kAvx512) ? cpu::Isa::kAvx512
+                                                                     : cpu::Isa::kGeneric;
   cpu::Attention(isa, q, k, v, p, out);
 }
 

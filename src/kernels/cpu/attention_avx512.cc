@@ -16,15 +16,14 @@
 #include <vector>
 
 #include "base/int_math.h"
-#include "kernels/cpu/avx512.h"
-#include "kernels/cpu/avx512_exp2.h"
+#include "kernels/cpu/attention_softmax.h"
 
 namespace moe::kernels::cpu {
 namespace {
 
 constexpr int kGroupRows = 4;
-constexpr int kTileVectors = kAttentionKeyTile / 16;
-static_assert(kAttentionKeyTile % 16 == 0 && kAttentionQueryBlock % kGroupRows == 0);
+constexpr int kTileVectors = kAttentionTileVectors;
+static_assert(kAttentionQueryBlock % kGroupRows == 0);
 
 using ScoreTile = __m512[kGroupRows][kTileVectors];
 
@@ -45,8 +44,6 @@ struct BlockState {
   uint32_t* query_pairs;  // [kAttentionQueryBlock][ceil(qk_dim / 2)]
   int64_t v_stride;
 };
-
-__mmask16 FirstLanes(int64_t n) { return static_cast<__mmask16>((1u << std::clamp<int64_t>(n, 0, 16)) - 1); }
 
 // F32 products: the queries read in place, one element broadcast at a time.
 struct F32Products {
@@ -114,8 +111,8 @@ struct F32Products {
   }
 };
 
-// x[0..n) rounded to BF16, as ceil(n / 2) pairs (x[2i] in the low half), the last one
-// zero-padded.
+}  // namespace
+
 MOE_AVX512_BF16 void RoundToPairs(const float* x, int64_t n, uint32_t* pairs) {
   int64_t i = 0;
   for (; i + 32 <= n; i += 32) {
@@ -130,6 +127,8 @@ MOE_AVX512_BF16 void RoundToPairs(const float* x, int64_t n, uint32_t* pairs) {
     _mm512_mask_storeu_epi32(pairs + i / 2, FirstLanes(CeilDiv(n - i, 2)), rounded);
   }
 }
+
+namespace {
 
 // BF16 products: queries rounded into BF16 pairs once per block, each pair broadcast as 32 bits.
 struct Bf16Products {
@@ -149,7 +148,7 @@ struct Bf16Products {
   MOE_AVX512_BF16 static void Scores(const uint32_t* const (&q)[kGroupRows], const HeadTiles& head,
                                      int64_t first_key, ScoreTile& scores) {
     const int64_t pairs = CeilDiv(head.qk_dim, 2);
-    const bf16* kt = head.kt_pairs + first_key * pairs * 2;
+    const bf16* kt = head.kt_pairs + first_key * KeyPairs(head.qk_dim) * 2;
     ScoreTile acc;
     for (auto& row : acc) {
       for (__m512& a : row) a = _mm512_setzero_ps();
@@ -216,36 +215,6 @@ struct Bf16Products {
   }
 };
 
-// Row r of the block takes the tile's first `seen` keys (seen > 0) with scores `scores`: moves its
-// max, rescales its sum and output, and leaves its probabilities in `probs`.
-MOE_AVX512 [[gnu::always_inline]] inline void UpdateRow(const __m512 (&scores)[kTileVectors], float score_scale,
-                                                        int64_t seen, int64_t r, const BlockState& state,
-                                                        float* probs) {
-  __m512 x[kTileVectors];
-  __m512 tile_max = _mm512_set1_ps(-INFINITY);
-  for (int j = 0; j < kTileVectors; ++j) {
-    x[j] = _mm512_mul_ps(scores[j], _mm512_set1_ps(score_scale));
-    tile_max = _mm512_mask_max_ps(tile_max, FirstLanes(seen - 16 * j), tile_max, x[j]);
-  }
-  const float old_max = state.max[r];
-  const float new_max = std::max(old_max, _mm512_reduce_max_ps(tile_max));
-  const float rescale = old_max == -INFINITY ? 0.0f : std::exp2(old_max - new_max);
-  __m512 sum = _mm512_setzero_ps();
-  for (int j = 0; j < kTileVectors; ++j) {
-    const __m512 p = _mm512_maskz_mov_ps(FirstLanes(seen - 16 * j), Exp2(_mm512_sub_ps(x[j], _mm512_set1_ps(new_max))));
-    _mm512_storeu_ps(probs + 16 * j, p);
-    sum = _mm512_add_ps(sum, p);
-  }
-  state.max[r] = new_max;
-  state.sum[r] = state.sum[r] * rescale + _mm512_reduce_add_ps(sum);
-  if (rescale != 1.0f) {
-    float* o = state.out + r * state.v_stride;
-    for (int64_t c = 0; c < state.v_stride; c += 16) {
-      _mm512_storeu_ps(o + c, _mm512_mul_ps(_mm512_loadu_ps(o + c), _mm512_set1_ps(rescale)));
-    }
-  }
-}
-
 // Rows [row, row + kGroupRows) of the block (past the block's rows: copies of its last row, into
 // state rows of their own) against the tile of keys [first_key, first_key + count).
 template <class Products>
@@ -268,7 +237,9 @@ MOE_AVX512 void GroupTile(const QueryBlock& block, const HeadTiles& head, int64_
     if (seen[i] == 0) {
       std::fill(probs, probs + kAttentionKeyTile, 0.0f);
     } else {
-      UpdateRow(scores[i], block.score_scale, seen[i], row + i, state, probs);
+      const int64_t r = row + i;
+      UpdateRow(scores[i], block.score_scale, seen[i], state.max[r], state.sum[r], state.out + r * state.v_stride,
+                state.v_stride, probs);
     }
   }
   float* const out[kGroupRows] = {state.out + row * head.v_stride, state.out + (row + 1) * head.v_stride,
@@ -306,9 +277,9 @@ int64_t AttendBlockScratch(int64_t qk_dim, int64_t v_stride) {
 
 MOE_AVX512_BF16 void LayOutHeadPairsAvx512Bf16(const float* k, const float* v, const AttentionParams& p, int64_t h,
                                                int64_t v_stride, bf16* kt, bf16* vt) {
-  const int64_t qk_pairs = CeilDiv(p.qk_dim, 2);
+  const int64_t qk_pairs = KeyPairs(p.qk_dim);
   uint32_t* kt_words = reinterpret_cast<uint32_t*>(kt);
-  std::vector<uint32_t> key(qk_pairs);
+  std::vector<uint32_t> key(qk_pairs, 0u);
   for (int64_t s = 0; s < RoundUp(p.keys, kAttentionKeyTile); ++s) {
     if (s < p.keys) {
       RoundToPairs(k + (s * p.heads + h) * p.qk_dim, p.qk_dim, key.data());
@@ -334,6 +305,8 @@ MOE_AVX512_BF16 void LayOutHeadPairsAvx512Bf16(const float* k, const float* v, c
       _mm256_storeu_si256(reinterpret_cast<__m256i*>(to + 2 * c + 16), _mm256_permute2x128_si256(low, high, 0x31));
     }
   }
+  // Zeros to the end of the last tile: weights of zero times a value must come out zero.
+  std::fill(vt + RoundUp(p.keys, 2) * v_stride, vt + RoundUp(p.keys, kAttentionKeyTile) * v_stride, bf16{});
 }
 
 void AttendBlockAvx512(const QueryBlock& block, const HeadTiles& head, float* scratch) {
