@@ -104,26 +104,31 @@ const std::vector<Tensor>& PackedCopies(const GemmShape& s, Tensor (*pack)(const
   return copies;
 }
 
-// The INT32 products alone of the two kernels Matmul chooses between for I8 weights at few rows:
-// Int8Gemv or oneDNN, each on the weight laid out for it.
-void BM_Int8Products(benchmark::State& state, GemmShape shape, bool gemv) {
-  if (gemv && !kernels::cpu::Int8GemvSupported()) {
+// The INT32 products alone of the kernels Matmul chooses between for I8 weights: Int8Gemv at a
+// few rows, oneDNN or (on AMX-INT8 machines) Int8GemmAmx at more, each on the weight laid out for
+// it.
+enum class Int8Kernel { kGemv, kOneDnn, kAmx };
+
+void BM_Int8Products(benchmark::State& state, GemmShape shape, Int8Kernel kernel) {
+  if (kernel == Int8Kernel::kGemv && !kernels::cpu::Int8GemvSupported()) {
     state.SkipWithError("this CPU lacks AVX-512 VNNI");
     return;
   }
   const int64_t m = state.range(0);
   const std::vector<Tensor>& packed =
-      PackedCopies(shape, gemv ? &kernels::PackGemvWeight : &kernels::PackMatmulWeight);
+      PackedCopies(shape, kernel == Int8Kernel::kGemv ? &kernels::PackGemvWeight : &kernels::PackMatmulWeight);
   std::vector<int8_t> x(m * shape.k);
   for (int64_t i = 0; i < m * shape.k; ++i) x[i] = static_cast<int8_t>(Noise(i + 12345) * 127.0f);
   std::vector<int32_t> y(m * shape.n);
   size_t next = 0;
   const double seconds = FastestIteration(state, [&] {
-    if (gemv) {
-      kernels::cpu::Int8Gemv(x.data(), m, reinterpret_cast<const uint8_t*>(packed[next].data<int8_t>()), shape.n,
-                             shape.k, y.data());
-    } else {
-      kernels::cpu::Int8GemmPacked(x.data(), m, shape.k, shape.n, packed[next].data<int8_t>(), y.data());
+    const int8_t* w = packed[next].data<int8_t>();
+    switch (kernel) {
+      case Int8Kernel::kGemv:
+        kernels::cpu::Int8Gemv(x.data(), m, reinterpret_cast<const uint8_t*>(w), shape.n, shape.k, y.data());
+        break;
+      case Int8Kernel::kOneDnn: kernels::cpu::Int8GemmOneDnn(x.data(), m, shape.k, shape.n, w, y.data()); break;
+      case Int8Kernel::kAmx: kernels::cpu::Int8GemmAmx(x.data(), m, shape.k, shape.n, w, y.data()); break;
     }
     next = (next + 1) % packed.size();
     benchmark::DoNotOptimize(y.data());
@@ -192,10 +197,21 @@ void RegisterMatmulBenchmarks() {
   // shapes.
   const GemmShape small_batch_shapes[] = {shapes[1], shapes[2], {"bench_q_a", 2048, 1536}, shapes[3]};
   for (const GemmShape& s : small_batch_shapes) {
-    for (const auto& [gemv, kernel] : {std::pair(true, "int8_gemv"), std::pair(false, "onednn_packed")}) {
-      const std::string name = std::string("Int8Products/") + s.name + "/" + kernel;
-      benchmark::RegisterBenchmark(name.c_str(), BM_Int8Products, s, gemv)
+    for (const auto& [kernel, name] : {std::pair(Int8Kernel::kGemv, "int8_gemv"),
+                                       std::pair(Int8Kernel::kOneDnn, "onednn_packed")}) {
+      benchmark::RegisterBenchmark((std::string("Int8Products/") + s.name + "/" + name).c_str(), BM_Int8Products, s,
+                                   kernel)
           ->ArgName("M")->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Arg(12)->Arg(16)->Arg(32)->UseRealTime()->MinTime(0.05);
+    }
+  }
+  // Prefill-sized batches: oneDNN against Int8GemmAmx, where the machine has AMX-INT8.
+  for (const GemmShape& s : {shapes[1], shapes[2], shapes[3]}) {
+    for (const auto& [kernel, name] : {std::pair(Int8Kernel::kOneDnn, "onednn_packed"),
+                                       std::pair(Int8Kernel::kAmx, "amx")}) {
+      if (kernel == Int8Kernel::kAmx && !kernels::cpu::Int8GemmAmxSupported(s.k, s.n)) continue;
+      benchmark::RegisterBenchmark((std::string("Int8Products/") + s.name + "/" + name).c_str(), BM_Int8Products, s,
+                                   kernel)
+          ->ArgName("M")->Arg(64)->Arg(256)->Arg(2048)->UseRealTime()->MinTime(0.05);
     }
   }
 }

@@ -10,13 +10,13 @@ namespace moe {
 namespace {
 
 #if defined(__x86_64__)
-// AMX-TILE and AMX-BF16 are CPUID leaf 7 EDX bits 24 and 22. Linux (5.16+) keeps the 8 KiB tile
-// state off until a process asks for it with arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA);
-// a tile instruction without that leave is killed with SIGILL.
-bool HasAmxBf16() {
+// AMX-TILE, AMX-BF16 and AMX-INT8 are CPUID leaf 7 EDX bits 24, 22 and 25. Linux (5.16+) keeps the
+// 8 KiB tile state off until a process asks for it with arch_prctl(ARCH_REQ_XCOMP_PERM,
+// XFEATURE_XTILEDATA); a tile instruction without that leave is killed with SIGILL.
+bool HasAmx(int dot_product_bit) {
   unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
   if (!__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx)) return false;
-  if (!(edx & (1u << 24)) || !(edx & (1u << 22))) return false;
+  if (!(edx & (1u << 24)) || !(edx & (1u << dot_product_bit))) return false;
   constexpr int kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
   return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
 }
@@ -39,6 +39,7 @@ std::string CpuFeatures::ToString() const {
   add(avx512bf16, "avx512bf16");
   add(avxvnni, "avxvnni");
   add(amx_bf16, "amx_bf16");
+  add(amx_int8, "amx_int8");
   return s.empty() ? "generic" : s;
 }
 
@@ -57,7 +58,8 @@ const CpuFeatures& GetCpuFeatures() {
     // does not know its name.
     unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
     f.avxvnni = __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) && (eax & (1u << 4));
-    f.amx_bf16 = HasAmxBf16();
+    f.amx_bf16 = HasAmx(22);
+    f.amx_int8 = HasAmx(25);
 #endif
     return f;
   }();

@@ -16,6 +16,7 @@ struct CpuFeatures {
   // AMX tiles with BF16 dot products, and the kernel's leave to use them (Linux grants the tile
   // state per process on request; detection asks).
   bool amx_bf16 = false;
+  bool amx_int8 = false;  // AMX tiles with INT8 dot products (and the same leave)
 
   std::string ToString() const;
 };

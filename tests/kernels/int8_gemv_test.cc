@@ -105,6 +105,41 @@ TEST(Int8GemvExtremesTest, MatchesScalarProductsExactly) {
   }
 }
 
+// Int8GemmAmx (and Int8GemmAmxScaled) on oneDNN's packed weight: to the bit, at row counts around its tasks of 32 rows and
+// chunks of 256, over several blocks of k and of columns, with the extreme values in the mix.
+TEST(Int8GemmAmxTest, MatchesScalarProductsExactly) {
+  for (const auto& [k, n] : {std::pair<int64_t, int64_t>{64, 64}, {192, 128}, {128, 320}}) {
+    if (!cpu::Int8GemmAmxSupported(k, n)) GTEST_SKIP() << "this CPU lacks AMX-INT8";
+    std::vector<int8_t> w = RandomInt8(n * k, 3, -128, 127);
+    std::fill_n(w.begin(), k, int8_t{-128});
+    Tensor weight(DType::kI8, {n, k});
+    std::memcpy(weight.raw(), w.data(), w.size());
+    const Tensor packed = PackMatmulWeight(weight.view());
+    for (int64_t m : {1, 16, 17, 32, 33, 255, 256, 300}) {
+      std::vector<int8_t> x = RandomInt8(m * k, 4, -128, 127);
+      std::fill_n(x.begin(), k, int8_t{-128});
+      std::vector<int32_t> y(m * n, -1);
+      cpu::Int8GemmAmx(x.data(), m, k, n, packed.data<int8_t>(), y.data());
+      const std::vector<int32_t> want = ScalarProducts(x, m, w, n, k);
+      for (int64_t i = 0; i < m * n; ++i) {
+        ASSERT_EQ(y[i], want[i]) << "m " << m << " n " << n << " k " << k << " at row " << i / n << " column "
+                                 << i % n;
+      }
+      // Scaled: each product times its row's and its column's scale, in that order, to the bit.
+      std::vector<float> x_scales(m), w_scales(n), scaled(m * n);
+      for (int64_t i = 0; i < m; ++i) x_scales[i] = 0.01f + 0.003f * static_cast<float>(i);
+      for (int64_t j = 0; j < n; ++j) w_scales[j] = 0.02f - 0.0001f * static_cast<float>(j);
+      cpu::Int8GemmAmxScaled(x.data(), x_scales.data(), m, k, n, packed.data<int8_t>(), w_scales.data(),
+                             scaled.data());
+      for (int64_t i = 0; i < m * n; ++i) {
+        const float expected = static_cast<float>(want[i]) * x_scales[i / n] * w_scales[i % n];
+        ASSERT_EQ(std::memcmp(&scaled[i], &expected, sizeof(float)), 0)
+            << "m " << m << " n " << n << " k " << k << " at row " << i / n << " column " << i % n;
+      }
+    }
+  }
+}
+
 // Matmul gives a row the same bits alone and at every place in a batch of every size up to past
 // kInt8GemvMaxRows, where oneDNN takes over, with the weight plain, packed for oneDNN, or for both.
 TEST(Int8MatmulTest, RowsDoNotDependOnTheBatch) {

@@ -32,10 +32,26 @@ void Int8Gemv(const int8_t* x, int64_t m, const uint8_t* packed, int64_t n, int6
 void Int8GemvScaled(const int8_t* x, const float* x_scales, int64_t m, const uint8_t* packed, int64_t n, int64_t k,
                     const float* w_scales, float* y);
 
-// The same products by oneDNN's GEMM (matmul.cc) on `packed`, the weight as PackMatmulWeight lays
-// it out: what Matmul runs above kInt8GemvMaxRows rows. Returns where they are: y, or, when m is
-// not a size the GEMM was built for, the first m rows of a buffer of this thread that the next
-// call reuses.
+// The same products on `packed`, the weight as PackMatmulWeight lays it out: what Matmul runs above
+// kInt8GemvMaxRows rows. Int8GemmAmx where it runs (on oneDNN's AMX layout), otherwise
+// Int8GemmOneDnn. Returns where the products are: y, or a buffer of this thread (see below).
 const int32_t* Int8GemmPacked(const int8_t* x, int64_t m, int64_t k, int64_t n, const void* packed, int32_t* y);
+
+// oneDNN's GEMM (matmul.cc). Returns y, or, when m is not a size the GEMM was built for, the first m
+// rows of a buffer of this thread that the next call reuses.
+const int32_t* Int8GemmOneDnn(const int8_t* x, int64_t m, int64_t k, int64_t n, const void* packed, int32_t* y);
+
+// Whether the CPU has AMX-INT8 and a [n, k] weight's shape suits Int8GemmAmx (k and n multiples of
+// 64). Int8GemmPacked also checks that oneDNN chose the layout Int8GemmAmx reads.
+bool Int8GemmAmxSupported(int64_t k, int64_t n);
+
+// y [m, n] (INT32, exact) = x [m, k] times the weight packed by oneDNN as BA16a64b4a, on AMX tiles
+// (int8_gemm_amx.cc). Needs Int8GemmAmxSupported(k, n).
+void Int8GemmAmx(const int8_t* x, int64_t m, int64_t k, int64_t n, const int8_t* packed, int32_t* y);
+
+// Int8GemmAmx's products dequantized: y[i, j] = float(product) * x_scales[i] * w_scales[j], in that
+// order, the same bits as Matmul's epilogue.
+void Int8GemmAmxScaled(const int8_t* x, const float* x_scales, int64_t m, int64_t k, int64_t n, const int8_t* packed,
+                       const float* w_scales, float* y);
 
 }  // namespace moe::kernels::cpu

@@ -125,9 +125,25 @@ const MatmulPrimitive& GetPackedPrimitive(int64_t k, int64_t n, int64_t rows) {
   return it->second;
 }
 
+// Whether packed [n, k] weights go through Int8GemmAmx: the CPU and the shape suit it, and oneDNN
+// chose the layout it reads (its own AMX kernels' layout).
+bool RunsOnAmx(int64_t k, int64_t n) {
+  return cpu::Int8GemmAmxSupported(k, n) &&
+         PackedWeightsDesc(k, n) == memory::desc({k, n}, memory::data_type::s8, memory::format_tag::BA16a64b4a);
+}
+
 }  // namespace
 
 const int32_t* cpu::Int8GemmPacked(const int8_t* src, int64_t m, int64_t k, int64_t n, const void* packed,
+                                   int32_t* y) {
+  if (RunsOnAmx(k, n)) {
+    cpu::Int8GemmAmx(src, m, k, n, static_cast<const int8_t*>(packed), y);
+    return y;
+  }
+  return cpu::Int8GemmOneDnn(src, m, k, n, packed, y);
+}
+
+const int32_t* cpu::Int8GemmOneDnn(const int8_t* src, int64_t m, int64_t k, int64_t n, const void* packed,
                                    int32_t* y) {
   const int64_t rows = RowBucket(m);
   thread_local std::vector<int8_t> padded_src;
@@ -165,12 +181,17 @@ void Execute(const void* src, const float* src_scales, int64_t m, const Weight& 
   const TensorView& w = weight.data;
   const int64_t n = w.dim(0), k = w.dim(1);
   // INT32 results go to y's own storage (or, from a padded GEMM, to a buffer of this thread), then
-  // are scaled into y; Int8Gemv scales its own, a block at a time.
+  // are scaled into y; Int8Gemv and Int8GemmAmx scale their own, a block at a time.
   static_assert(sizeof(int32_t) == sizeof(float));
   const int32_t* products = reinterpret_cast<const int32_t*>(y);
   if (weight.gemv_packed && m <= cpu::kInt8GemvMaxRows) {
     cpu::Int8GemvScaled(static_cast<const int8_t*>(src), src_scales, m,
                         static_cast<const uint8_t*>(weight.gemv_packed), n, k, weight.row_scales, y);
+    return;
+  }
+  if (weight.packed && RunsOnAmx(k, n)) {
+    cpu::Int8GemmAmxScaled(static_cast<const int8_t*>(src), src_scales, m, k, n,
+                           static_cast<const int8_t*>(weight.packed), weight.row_scales, y);
     return;
   }
   if (weight.packed) {
