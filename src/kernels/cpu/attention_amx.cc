@@ -100,9 +100,8 @@ MOE_AMX void GroupScores(const HeadTiles& head, int64_t g, int64_t first_key, co
   _tile_stored(3, state.scores + 3 * kAmxRows, kScoreRowBytes);
 }
 
-// Group g's output rows += its probabilities (state.prob_pairs) times the tile's values, two
-// blocks of 16 columns at a time: each accumulator takes two dependent products, so a pair of
-// accumulators keeps the tile unit busy while the other's wait.
+// Group g's output rows += its probabilities (state.prob_pairs) times the tile's values, 16 columns
+// at a time. (Two accumulators in flight instead of one measured no faster: RESULTS.md.)
 MOE_AMX void GroupValues(const HeadTiles& head, int64_t g, int64_t first_key, const AmxBlockState& state) {
   constexpr int kProbRowBytes = kAttentionKeyTile * sizeof(bf16);
   _tile_loadd(1, state.prob_pairs, kProbRowBytes);
@@ -111,23 +110,7 @@ MOE_AMX void GroupValues(const HeadTiles& head, int64_t g, int64_t first_key, co
   float* out = state.out + g * kAmxRows * state.v_stride;
   const bf16* values = head.v_pairs + first_key * state.v_stride;
   const bf16* next_values = values + kAmxK * state.v_stride;
-  int64_t c = 0;
-  for (; c + 2 * kAmxRows <= state.v_stride; c += 2 * kAmxRows) {
-    const int64_t d = c + kAmxRows;
-    _tile_loadd(0, out + c, row_bytes);
-    _tile_loadd(3, values + 2 * c, row_bytes);
-    _tile_loadd(4, next_values + 2 * c, row_bytes);
-    _tile_dpbf16ps(0, 1, 3);
-    _tile_loadd(5, out + d, row_bytes);
-    _tile_loadd(6, values + 2 * d, row_bytes);
-    _tile_loadd(7, next_values + 2 * d, row_bytes);
-    _tile_dpbf16ps(5, 1, 6);
-    _tile_dpbf16ps(0, 2, 4);
-    _tile_dpbf16ps(5, 2, 7);
-    _tile_stored(0, out + c, row_bytes);
-    _tile_stored(5, out + d, row_bytes);
-  }
-  if (c < state.v_stride) {
+  for (int64_t c = 0; c < state.v_stride; c += kAmxRows) {
     _tile_loadd(0, out + c, row_bytes);
     _tile_loadd(3, values + 2 * c, row_bytes);
     _tile_loadd(4, next_values + 2 * c, row_bytes);
