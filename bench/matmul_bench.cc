@@ -138,7 +138,7 @@ void BM_Int8Products(benchmark::State& state, GemmShape shape, Int8Kernel kernel
 }
 
 // The lm_head of an I8 run (kernels::MatmulTwoPart): every logit of each row, or, for greedy rows,
-// what the row's maximum needs.
+// what the row's maximum needs, and that maximum's column.
 void BM_LmHead(benchmark::State& state, GemmShape shape, bool argmax) {
   const int64_t m = state.range(0);
   const kernels::Weight& plain = WeightCopies(shape, DType::kI8).front();
@@ -149,9 +149,10 @@ void BM_LmHead(benchmark::State& state, GemmShape shape, bool argmax) {
   std::vector<float> x(m * shape.k), y(m * shape.n);
   for (int64_t i = 0; i < m * shape.k; ++i) x[i] = Noise(i + 12345);
   const std::vector<bool> flags(argmax ? m : 0, true);
+  std::vector<int32_t> first_max(m);
   kernels::MatmulTwoPart(x.data(), m, weight, y.data(), flags, norms.data<float>());  // builds oneDNN's primitive
   const double seconds = FastestIteration(state, [&] {
-    kernels::MatmulTwoPart(x.data(), m, weight, y.data(), flags, norms.data<float>());
+    kernels::MatmulTwoPart(x.data(), m, weight, y.data(), flags, norms.data<float>(), first_max.data());
     benchmark::DoNotOptimize(y.data());
   });
   const double rows = argmax ? m : 2.0 * m;  // of the GEMM
@@ -205,13 +206,13 @@ void RegisterMatmulBenchmarks() {
     }
   }
   // Prefill-sized batches: oneDNN against Int8GemmAmx, where the machine has AMX-INT8.
-  for (const GemmShape& s : {shapes[1], shapes[2], shapes[3]}) {
+  for (const GemmShape& s : {shapes[1], shapes[2], shapes[3], lm_head}) {
     for (const auto& [kernel, name] : {std::pair(Int8Kernel::kOneDnn, "onednn_packed"),
                                        std::pair(Int8Kernel::kAmx, "amx")}) {
       if (kernel == Int8Kernel::kAmx && !kernels::cpu::Int8GemmAmxSupported(s.k, s.n)) continue;
       benchmark::RegisterBenchmark((std::string("Int8Products/") + s.name + "/" + name).c_str(), BM_Int8Products, s,
                                    kernel)
-          ->ArgName("M")->Arg(64)->Arg(256)->Arg(2048)->UseRealTime()->MinTime(0.05);
+          ->ArgName("M")->Arg(32)->Arg(64)->Arg(256)->Arg(2048)->UseRealTime()->MinTime(0.05);
     }
   }
 }

@@ -119,7 +119,8 @@ std::vector<RequestOutput> Engine::Step() {
       const EngineRequest& r = live_.at(s->id).request;
       argmax_only.push_back(r.sampling.temperature <= 0 && !r.sampling.has_penalties() && r.logprobs == 0);
     }
-    Tensor logits = model_.Logits(last.data<float>(), last.dim(0), argmax_only);
+    std::vector<int32_t> first_max(argmax_only.size());
+    Tensor logits = model_.Logits(last.data<float>(), last.dim(0), argmax_only, first_max.data());
     // Requests sample on every thread: each has its own logits row and sampler (and seed).
     const auto n = static_cast<int64_t>(samplers.size());
     std::vector<std::pair<const Request*, Live*>> sampling(n);
@@ -132,7 +133,9 @@ std::vector<RequestOutput> Engine::Step() {
         out.id = samplers[i]->id;
         out.num_prompt_tokens = state->num_prompt_tokens;
         out.num_cached_tokens = std::max<int64_t>(state->num_cached_tokens, 0);
-        out.new_token_ids.push_back(SampleNext(*live, *state, logits.data<float>() + i * vocab, out));
+        // A greedy row whose head found its maximum needs no scan (the same token Sample picks).
+        out.new_token_ids.push_back(first_max[i] >= 0 ? first_max[i]
+                                                      : SampleNext(*live, *state, logits.data<float>() + i * vocab, out));
       }
     });
     for (int64_t i = 0; i < n; ++i) {

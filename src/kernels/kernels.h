@@ -50,8 +50,10 @@ void MatmulQuantized(const int8_t* x, const float* x_scales, int64_t m, const We
 // of two. Its first maximal column and that column's value are the same bits as unflagged; no
 // other column exceeds that maximum (those that could reach it hold their exact values).
 // Cauchy-Schwarz bounds a column's second part by |second part of x| * row_norms[j] (I8RowNorms).
+// With `first_max`, a flagged row's first maximal column goes to first_max[row] (found among the
+// few columns that could hold it), -1 for the others.
 void MatmulTwoPart(const float* x, int64_t m, const Weight& w, float* y, const std::vector<bool>& argmax_only = {},
-                   const float* row_norms = nullptr);
+                   const float* row_norms = nullptr, int32_t* first_max = nullptr);
 
 // An upper bound on the L2 norm of each row of an I8 weight, dequantized (q * scale): [n] floats.
 Tensor I8RowNorms(const TensorView& w, const float* row_scales);
@@ -120,6 +122,9 @@ void Attention(const float* q, const float* k, const float* v, const AttentionPa
 // count: it depends only on its query, its position and the cache rows it sees.
 enum class SoftmaxRescale { kAmla, kMultiply };
 
+//
+// A paged cache is read through its block table: key r is row block_table[r / block_size] *
+// block_size + r % block_size of c_kv and k_pe (without a table, row r).
 struct LatentAttentionParams {
   int64_t tokens = 0;
   int64_t keys = 0;
@@ -129,6 +134,12 @@ struct LatentAttentionParams {
   int64_t q_offset = 0;
   float scale = 1.0f;
   SoftmaxRescale rescale = SoftmaxRescale::kAmla;
+  const int32_t* block_table = nullptr;
+  int64_t block_size = 0;
+
+  int64_t CacheRow(int64_t key) const {
+    return block_table ? block_table[key / block_size] * block_size + key % block_size : key;
+  }
 };
 void LatentAttention(const float* q_lat, const float* q_pe, const float* c_kv, const float* k_pe,
                      const LatentAttentionParams& p, float* out);

@@ -14,13 +14,15 @@ namespace {
 // an INT8 head through the exact INT32 GEMM, its activations in two INT8 parts (INT8 alone cost the
 // logits most of their accuracy: tests/model/quantized_accuracy_test.cc), an F32 or BF16 one summed
 // in a fixed order. Rows flagged `argmax_only` as DeepseekV3Model::Logits says.
-Tensor HeadLogits(const Linear& head, const float* hidden, int64_t rows, const std::vector<bool>& argmax_only = {}) {
+Tensor HeadLogits(const Linear& head, const float* hidden, int64_t rows, const std::vector<bool>& argmax_only = {},
+                  int32_t* first_max = nullptr) {
   Tensor logits = Tensor::F32({rows, head.rows()});
   if (head.dtype == DType::kI8) {
     kernels::MatmulTwoPart(hidden, rows, head.view(), logits.data<float>(), argmax_only,
-                           head.row_norms.empty() ? nullptr : head.row_norms.data<float>());
+                           head.row_norms.empty() ? nullptr : head.row_norms.data<float>(), first_max);
   } else {
     kernels::BatchInvariantMatmul(hidden, rows, head.view(), logits.data<float>());
+    if (first_max) std::fill_n(first_max, rows, -1);
   }
   return logits;
 }
@@ -174,8 +176,9 @@ void DeepseekV3Model::RunEmptyBatch(ExpertBackend& experts) const {
   }
 }
 
-Tensor DeepseekV3Model::Logits(const float* hidden, int64_t rows, const std::vector<bool>& argmax_only) const {
-  return HeadLogits(weights_.lm_head, hidden, rows, argmax_only);
+Tensor DeepseekV3Model::Logits(const float* hidden, int64_t rows, const std::vector<bool>& argmax_only,
+                               int32_t* first_max) const {
+  return HeadLogits(weights_.lm_head, hidden, rows, argmax_only, first_max);
 }
 
 Tensor DeepseekV3Model::MtpLogits(const float* main_hidden, std::span<const int32_t> next_tokens,

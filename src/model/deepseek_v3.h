@@ -64,9 +64,11 @@ class DeepseekV3Model {
 
   // lm_head over `rows` final hidden states: [rows, vocab]. A row flagged in `argmax_only` (empty:
   // none) is for its first maximum alone (greedy decoding): that column and its value are exact,
-  // the others may hold less than their logits (kernels::MatmulTwoPartArgmax) -- cheaper with an
-  // INT8 head.
-  Tensor Logits(const float* hidden, int64_t rows, const std::vector<bool>& argmax_only = {}) const;
+  // the others may hold less than their logits (kernels::MatmulTwoPart) -- cheaper with an INT8
+  // head, which also puts that column in first_max[row] when asked (-1 for the rows it leaves to
+  // the caller to scan).
+  Tensor Logits(const float* hidden, int64_t rows, const std::vector<bool>& argmax_only = {},
+                int32_t* first_max = nullptr) const;
 
   // The MTP module at positions mtp_cache.length onwards: hidden[i] is the main model's final
   // hidden state at position i and next_tokens[i] the token at position i + 1. Returns the logits

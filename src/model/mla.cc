@@ -140,11 +140,14 @@ void AbsorbOutputs(const AttentionWeights& w, const ModelConfig& c, const float*
   });
 }
 
-// One sequence's attention on the latent cache, its absorbed queries -> o_lat [tokens, H, lora].
+// One sequence's attention on the latent cache, read through its block table, its absorbed queries
+// -> o_lat [tokens, H, lora].
 void LatentAttend(const ModelConfig& c, const float* q_lat, const float* q_pe, int64_t tokens, int64_t start,
-                  const LayerKvCache& cache, float* o_lat) {
+                  const LayerKvCache& cache, std::span<const int32_t> block_table, int64_t block_size, float* o_lat) {
   kernels::LatentAttentionParams p{tokens, start + tokens, c.num_attention_heads, c.kv_lora_rank, c.qk_rope_head_dim,
                                    start, static_cast<float>(c.SoftmaxScale())};
+  p.block_table = block_table.data();
+  p.block_size = block_size;
   if (cache.dtype() == DType::kF32) {
     kernels::LatentAttention(q_lat, q_pe, cache.c_kv.data<float>(), cache.k_pe.data<float>(), p, o_lat);
   } else {
@@ -235,15 +238,15 @@ void MlaForward(const AttentionWeights& w, const ModelConfig& c, const Rope& rop
   const auto attn = std::make_unique_for_overwrite<float[]>(rows * heads * vdim);
   auto attend = [&](size_t i) {
     const MlaSequence& s = sequences[i];
-    std::optional<LayerKvCache> gathered;
-    const LayerKvCache& view = ContiguousRows(cache, s.block_table, block_size, s.start + s.tokens, gathered);
     if (s.form == AttentionForm::kExpanded) {
+      std::optional<LayerKvCache> gathered;
+      const LayerKvCache& view = ContiguousRows(cache, s.block_table, block_size, s.start + s.tokens, gathered);
       const int64_t r = first_row[i];
       ExpandedAttention(w, c, q.get() + r * heads * qk, s.tokens, s.start, view, attn.get() + r * heads * vdim);
     } else {
       const int64_t r = first_absorbed_row[i];
-      LatentAttend(c, q_lat.get() + r * heads * lora, q_pe.get() + r * heads * rope_dim, s.tokens, s.start, view,
-                   o_lat.get() + r * heads * lora);
+      LatentAttend(c, q_lat.get() + r * heads * lora, q_pe.get() + r * heads * rope_dim, s.tokens, s.start, cache,
+                   s.block_table, block_size, o_lat.get() + r * heads * lora);
     }
   };
   // A prompt's attention gets every thread; single-token (decode) sequences run one per thread,

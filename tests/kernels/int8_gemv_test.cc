@@ -242,18 +242,21 @@ TEST(Int8MatmulTest, ArgmaxRowsKeepTheirMaximumToTheBit) {
   std::vector<bool> flags(m);
   for (int64_t r = 0; r < m; ++r) flags[r] = r % 4 != 3;
   std::vector<float> full(m * n), argmax(m * n);
+  std::vector<int32_t> first_max(m);
   MatmulTwoPart(x.data(), m, weight, full.data());
-  MatmulTwoPart(x.data(), m, weight, argmax.data(), flags, norms.data<float>());
+  MatmulTwoPart(x.data(), m, weight, argmax.data(), flags, norms.data<float>(), first_max.data());
   int64_t shortened = 0;
   for (int64_t r = 0; r < m; ++r) {
     const float* f = full.data() + r * n;
     const float* a = argmax.data() + r * n;
     if (!flags[r]) {
       ASSERT_EQ(std::memcmp(a, f, n * sizeof(float)), 0) << "unflagged row " << r;
+      EXPECT_EQ(first_max[r], -1) << "unflagged row " << r;
       continue;
     }
     const int64_t best = std::max_element(f, f + n) - f;
     ASSERT_EQ(std::max_element(a, a + n) - a, best) << "row " << r;
+    EXPECT_EQ(first_max[r], best) << "row " << r;
     ASSERT_EQ(std::memcmp(&a[best], &f[best], sizeof(float)), 0) << "row " << r;
     if (r % 3 != 2) {
       EXPECT_EQ(best, 7) << "row " << r << ": the tie goes to the first column";
@@ -265,8 +268,13 @@ TEST(Int8MatmulTest, ArgmaxRowsKeepTheirMaximumToTheBit) {
   // Held only packed, the weight has no rows to read a few columns from: flags change nothing.
   const Weight packed_only(TensorView{nullptr, DType::kI8, {n, k}}, w.scales.data(), packed.data<int8_t>(),
                            gemv_packed.empty() ? nullptr : gemv_packed.data<int8_t>());
-  MatmulTwoPart(x.data(), m, packed_only, argmax.data(), flags, norms.data<float>());
+  std::fill(first_max.begin(), first_max.end(), -2);
+  MatmulTwoPart(x.data(), m, packed_only, argmax.data(), flags, norms.data<float>(), first_max.data());
   EXPECT_EQ(std::memcmp(argmax.data(), full.data(), m * n * sizeof(float)), 0);
+  for (int64_t r = 0; r < m; ++r) {
+    const float* f = full.data() + r * n;
+    EXPECT_EQ(first_max[r], flags[r] ? std::max_element(f, f + n) - f : -1) << "row " << r << ", packed only";
+  }
   MatmulTwoPart(x.data(), m, weight, argmax.data(), flags, norms.data<float>());
   for (int64_t r = 0; r < m; ++r) {
     std::vector<float> alone(n);

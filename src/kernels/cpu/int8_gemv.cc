@@ -71,7 +71,7 @@ MOE_AVX512_VNNI void Pass(const int8_t* x, int64_t stride, const uint8_t* w, con
     __m512i wv[4];
 #pragma GCC unroll 4
     for (int v = 0; v < 4; ++v) {
-      _mm_prefetch(ahead + g * kGroupBytes + 64 * v, _MM_HINT_T0);
+      _mm_prefetch(ahead + g * kGroupBytes + 64 * v, _MM_HINT_T1);
       wv[v] = _mm512_loadu_si512(group + 64 * v);
     }
 #pragma GCC unroll 8

@@ -58,9 +58,12 @@ class KeyTileKernel {
   virtual ~KeyTileKernel() = default;
   // q: [rows, RowLayout::dim] F32, the padded queries already scaled by scale * log2(e).
   virtual void SetQueries(const float* q, int64_t rows) = 0;
-  // Cache rows [first, first + count) become the tile, count <= kKeyBlock.
-  virtual void LoadKeys(const float* c_kv, const float* k_pe, int64_t first, int64_t count) = 0;
-  virtual void LoadKeys(const bf16* c_kv, const bf16* k_pe, int64_t first, int64_t count) = 0;
+  // Keys [first, first + count) of the call `p` become the tile, count <= kKeyBlock (p: where the
+  // keys sit in the cache, LatentAttentionParams::CacheRow; a kernel lives across calls).
+  virtual void LoadKeys(const float* c_kv, const float* k_pe, const LatentAttentionParams& p, int64_t first,
+                        int64_t count) = 0;
+  virtual void LoadKeys(const bf16* c_kv, const bf16* k_pe, const LatentAttentionParams& p, int64_t first,
+                        int64_t count) = 0;
   // scores [rows, kKeyBlock]: row r against every key of the tile, for rows >= row_begin; the
   // columns past the tile's count are unspecified.
   virtual void Scores(int64_t row_begin, float* scores) = 0;

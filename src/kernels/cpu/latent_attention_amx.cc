@@ -91,17 +91,19 @@ class AmxKeyTileKernel final : public KeyTileKernel {
     }
   }
 
-  void LoadKeys(const float*, const float*, int64_t, int64_t) override {
+  void LoadKeys(const float*, const float*, const LatentAttentionParams&, int64_t, int64_t) override {
     MOE_CHECK(false, "the AMX tile kernel takes BF16 caches only");
   }
 
-  MOE_AMX_AVX512 void LoadKeys(const bf16* c_kv, const bf16* k_pe, int64_t first, int64_t count) override {
+  MOE_AMX_AVX512 void LoadKeys(const bf16* c_kv, const bf16* k_pe, const LatentAttentionParams& p, int64_t first,
+                               int64_t count) override {
     // Rows past count keep what an earlier tile left there (finite, zero at first): their scores
     // are not used and their probabilities are zero.
     for (int64_t j = 0; j < count; ++j) {
       bf16* row = keys_.data() + j * dim_;
-      std::memcpy(row, c_kv + (first + j) * p_.kv_lora, p_.kv_lora * sizeof(bf16));
-      std::memcpy(row + layout_.lora, k_pe + (first + j) * p_.rope, p_.rope * sizeof(bf16));
+      const int64_t cache_row = p.CacheRow(first + j);
+      std::memcpy(row, c_kv + cache_row * p_.kv_lora, p_.kv_lora * sizeof(bf16));
+      std::memcpy(row + layout_.lora, k_pe + cache_row * p_.rope, p_.rope * sizeof(bf16));
     }
     // Values with their keys paired: pair k, value d at values_[(k * lora + d) * 2 + {0, 1}].
     alignas(64) static constexpr uint16_t kInterleave[32] = {0, 32, 1, 33, 2,  34, 3,  35, 4,  36, 5,

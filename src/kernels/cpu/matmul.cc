@@ -19,6 +19,7 @@
 
 #include <oneapi/dnnl/dnnl.hpp>
 
+#include "base/int_math.h"
 #include "base/thread_pool.h"
 #include "kernels/cpu/int8_gemv.h"
 #include "kernels/kernels.h"
@@ -270,38 +271,45 @@ void Matmul(const float* x, int64_t m, const Weight& weight, float* y) {
 
 namespace {
 
-// max(acc, first[j] + bound * row_norms[j]) over [begin, end) (a negative bound: the lower ends), in
-// 16 lanes that the compiler keeps in vector registers (one running maximum is a serial chain).
-float MaxEnd(const float* first, const float* row_norms, int64_t begin, int64_t end, float bound, float acc) {
-  constexpr int kLanes = 16;
-  float lanes[kLanes];
-  std::fill_n(lanes, kLanes, acc);
-  int64_t j = begin;
-  for (; j + kLanes <= end; j += kLanes) {
-    for (int l = 0; l < kLanes; ++l) {
-      const float v = first[j + l] + bound * row_norms[j + l];
-      lanes[l] = lanes[l] > v ? lanes[l] : v;
-    }
-  }
-  for (; j < end; ++j) acc = std::max(acc, first[j] + bound * row_norms[j]);
-  return std::max(acc, *std::max_element(lanes, lanes + kLanes));
-}
-
 // The columns of `first` (n values) that may hold a row's maximum once each gets its second part,
 // of magnitude at most margin_j = bound * row_norms[j]: those whose upper end first_j + margin_j
-// reaches the largest lower end first_j - margin_j. Blocks of 256 columns whose largest upper end
-// falls short are skipped whole.
+// reaches the largest lower end first_j - margin_j. One pass finds that threshold and the largest
+// upper end of each block of 256 columns; blocks whose upper ends fall short are skipped whole.
 void MaxCandidates(const float* first, const float* row_norms, int64_t n, float bound, std::vector<int32_t>& out) {
-  const float threshold = MaxEnd(first, row_norms, 0, n, -bound, -std::numeric_limits<float>::infinity());
+  constexpr int64_t kBlock = 256;
+  constexpr int kLanes = 16;  // running maxima the compiler keeps in vector registers
+  std::vector<float> block_upper(CeilDiv(n, kBlock));
+  float lower[kLanes];
+  std::fill_n(lower, kLanes, -std::numeric_limits<float>::infinity());
+  for (int64_t begin = 0; begin < n; begin += kBlock) {
+    const int64_t end = std::min(n, begin + kBlock);
+    float upper[kLanes];
+    std::fill_n(upper, kLanes, -std::numeric_limits<float>::infinity());
+    int64_t j = begin;
+    for (; j + kLanes <= end; j += kLanes) {
+      for (int l = 0; l < kLanes; ++l) {
+        const float f = first[j + l], margin = bound * row_norms[j + l];
+        lower[l] = std::max(lower[l], f - margin);
+        upper[l] = std::max(upper[l], f + margin);
+      }
+    }
+    for (; j < end; ++j) {
+      lower[0] = std::max(lower[0], first[j] - bound * row_norms[j]);
+      upper[0] = std::max(upper[0], first[j] + bound * row_norms[j]);
+    }
+    block_upper[begin / kBlock] = *std::max_element(upper, upper + kLanes);
+  }
+  const float threshold = *std::max_element(lower, lower + kLanes);
   out.clear();
-  for (int64_t begin = 0; begin < n; begin += 256) {
-    const int64_t end = std::min(n, begin + 256);
-    if (MaxEnd(first, row_norms, begin, end, bound, -std::numeric_limits<float>::infinity()) < threshold) continue;
-    for (int64_t j = begin; j < end; ++j) {
+  for (int64_t begin = 0; begin < n; begin += kBlock) {
+    if (block_upper[begin / kBlock] < threshold) continue;
+    for (int64_t j = begin; j < std::min(n, begin + kBlock); ++j) {
       if (first[j] + bound * row_norms[j] >= threshold) out.push_back(static_cast<int32_t>(j));
     }
   }
 }
+
+int32_t FirstMax(const float* row, int64_t n) { return static_cast<int32_t>(std::max_element(row, row + n) - row); }
 
 int32_t DotInt8(const int8_t* a, const int8_t* b, int64_t k) {
   int32_t sum = 0;
@@ -325,7 +333,7 @@ Tensor I8RowNorms(const TensorView& w, const float* row_scales) {
 }
 
 void MatmulTwoPart(const float* x, int64_t m, const Weight& weight, float* y, const std::vector<bool>& argmax_only,
-                   const float* row_norms) {
+                   const float* row_norms, int32_t* first_max) {
   MOE_CHECK(weight.data.dtype == DType::kI8, "MatmulTwoPart needs I8 weights");
   MOE_CHECK(argmax_only.empty() || (static_cast<int64_t>(argmax_only.size()) == m && row_norms),
             "MatmulTwoPart: argmax flags need one per row and the row norms");
@@ -369,6 +377,7 @@ void MatmulTwoPart(const float* x, int64_t m, const Weight& weight, float* y, co
       if (second_row[i] >= 0) {
         const float* rest = products + second_row[i] * n;
         for (int64_t j = 0; j < n; ++j) row[j] = first[j] + rest[j];
+        if (first_max) first_max[i] = argmax_only.empty() || !argmax_only[i] ? -1 : FirstMax(row, n);
         continue;
       }
       const int8_t* low = parts.get() + (m + i) * k;
@@ -380,6 +389,12 @@ void MatmulTwoPart(const float* x, int64_t m, const Weight& weight, float* y, co
       for (const int32_t j : candidates) {
         const float part = static_cast<float>(DotInt8(low, plain + j * k, k)) * low_scale * weight.row_scales[j];
         row[j] += part;
+      }
+      // Every other column is below the threshold, which a candidate reaches.
+      if (first_max) {
+        int32_t best = candidates.empty() ? FirstMax(row, n) : candidates.front();  // empty: NaNs
+        for (const int32_t j : candidates) best = row[j] > row[best] ? j : best;
+        first_max[i] = best;
       }
     }
   });

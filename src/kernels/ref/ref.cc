@@ -133,16 +133,17 @@ void LatentAttentionImpl(const float* q_lat, const float* q_pe, const T* c_kv, c
       const float* qp = q_pe + (t * p.heads + h) * p.rope;
       std::vector<double> probs(visible);
       for (int64_t s = 0; s < visible; ++s) {
+        const int64_t row = p.CacheRow(s);
         double dot = 0;
-        for (int64_t i = 0; i < p.kv_lora; ++i) dot += static_cast<double>(ql[i]) * ToFloat(c_kv[s * p.kv_lora + i]);
-        for (int64_t i = 0; i < p.rope; ++i) dot += static_cast<double>(qp[i]) * ToFloat(k_pe[s * p.rope + i]);
+        for (int64_t i = 0; i < p.kv_lora; ++i) dot += static_cast<double>(ql[i]) * ToFloat(c_kv[row * p.kv_lora + i]);
+        for (int64_t i = 0; i < p.rope; ++i) dot += static_cast<double>(qp[i]) * ToFloat(k_pe[row * p.rope + i]);
         probs[s] = dot * p.scale;
       }
       SoftmaxInPlace(probs);
       float* o = out + (t * p.heads + h) * p.kv_lora;
       for (int64_t i = 0; i < p.kv_lora; ++i) {
         double acc = 0;
-        for (int64_t s = 0; s < visible; ++s) acc += probs[s] * ToFloat(c_kv[s * p.kv_lora + i]);
+        for (int64_t s = 0; s < visible; ++s) acc += probs[s] * ToFloat(c_kv[p.CacheRow(s) * p.kv_lora + i]);
         o[i] = static_cast<float>(acc);
       }
     }
