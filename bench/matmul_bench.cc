@@ -194,25 +194,27 @@ void RegisterMatmulBenchmarks() {
     benchmark::RegisterBenchmark(name, BM_LmHead, lm_head, argmax)
         ->ArgName("M")->Arg(1)->Arg(8)->Arg(16)->Arg(32)->UseRealTime()->MinTime(0.05);
   }
-  // Where Int8Gemv stops beating oneDNN (kInt8GemvMaxRows), on bench-3b's expert and attention
-  // shapes.
-  const GemmShape small_batch_shapes[] = {shapes[1], shapes[2], {"bench_q_a", 2048, 1536}, shapes[3]};
+  // Where Int8Gemv stops beating oneDNN or Int8GemmAmx (kInt8GemvMaxRows), on bench-3b's expert,
+  // attention and lm_head shapes.
+  const GemmShape small_batch_shapes[] = {shapes[1], shapes[2], {"bench_q_a", 2048, 1536}, shapes[3], lm_head};
   for (const GemmShape& s : small_batch_shapes) {
     for (const auto& [kernel, name] : {std::pair(Int8Kernel::kGemv, "int8_gemv"),
-                                       std::pair(Int8Kernel::kOneDnn, "onednn_packed")}) {
+                                       std::pair(Int8Kernel::kOneDnn, "onednn_packed"), std::pair(Int8Kernel::kAmx, "amx")}) {
+      if (kernel == Int8Kernel::kAmx && !kernels::cpu::Int8GemmAmxSupported(s.k, s.n)) continue;
       benchmark::RegisterBenchmark((std::string("Int8Products/") + s.name + "/" + name).c_str(), BM_Int8Products, s,
                                    kernel)
-          ->ArgName("M")->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Arg(12)->Arg(16)->Arg(32)->UseRealTime()->MinTime(0.05);
+          ->ArgName("M")->Arg(1)->Arg(2)->Arg(4)->Arg(8)->Arg(12)->Arg(16)->Arg(24)->Arg(32)->UseRealTime()
+          ->MinTime(0.05);
     }
   }
   // Prefill-sized batches: oneDNN against Int8GemmAmx, where the machine has AMX-INT8.
-  for (const GemmShape& s : {shapes[1], shapes[2], shapes[3], lm_head}) {
+  for (const GemmShape& s : {shapes[1], shapes[2], shapes[3]}) {
     for (const auto& [kernel, name] : {std::pair(Int8Kernel::kOneDnn, "onednn_packed"),
                                        std::pair(Int8Kernel::kAmx, "amx")}) {
       if (kernel == Int8Kernel::kAmx && !kernels::cpu::Int8GemmAmxSupported(s.k, s.n)) continue;
       benchmark::RegisterBenchmark((std::string("Int8Products/") + s.name + "/" + name).c_str(), BM_Int8Products, s,
                                    kernel)
-          ->ArgName("M")->Arg(32)->Arg(64)->Arg(256)->Arg(2048)->UseRealTime()->MinTime(0.05);
+          ->ArgName("M")->Arg(64)->Arg(256)->Arg(2048)->UseRealTime()->MinTime(0.05);
     }
   }
 }
