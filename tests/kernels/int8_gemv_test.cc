@@ -115,7 +115,7 @@ TEST(Int8GemmAmxTest, MatchesScalarProductsExactly) {
     Tensor weight(DType::kI8, {n, k});
     std::memcpy(weight.raw(), w.data(), w.size());
     const Tensor packed = PackMatmulWeight(weight.view());
-    for (int64_t m : {1, 16, 17, 32, 33, 255, 256, 300}) {
+    for (int64_t m : {1, 5, 16, 17, 24, 32, 33, 255, 256, 300}) {
       std::vector<int8_t> x = RandomInt8(m * k, 4, -128, 127);
       std::fill_n(x.begin(), k, int8_t{-128});
       std::vector<int32_t> y(m * n, -1);

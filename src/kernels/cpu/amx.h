@@ -9,6 +9,7 @@
 #include "kernels/cpu/avx512.h"
 
 #define MOE_AMX __attribute__((target("amx-tile,amx-bf16")))
+#define MOE_AMX_TILE __attribute__((target("amx-tile")))
 
 namespace moe::kernels::cpu {
 
@@ -24,6 +25,14 @@ struct alignas(64) TileConfig {
   uint16_t bytes_per_row[16] = {64, 64, 64, 64, 64, 64, 64, 64};
   uint8_t rows[16] = {16, 16, 16, 16, 16, 16, 16, 16};
 };
+
+// Tiles 0-3, where every kernel here accumulates, set to zero.
+MOE_AMX_TILE inline void ZeroAccumulators() {
+  _tile_zero(0);
+  _tile_zero(1);
+  _tile_zero(2);
+  _tile_zero(3);
+}
 
 }  // namespace moe::kernels::cpu
 

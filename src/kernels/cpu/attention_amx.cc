@@ -77,10 +77,7 @@ MOE_AMX void GroupScores(const HeadTiles& head, int64_t g, int64_t first_key, co
   const bf16* keys = head.kt_pairs + first_key * state.key_pairs * 2;
   constexpr int kKeyRowBytes = kAttentionKeyTile * 2 * sizeof(bf16);
   const int64_t query_bytes = state.key_pairs * sizeof(uint32_t);
-  _tile_zero(0);
-  _tile_zero(1);
-  _tile_zero(2);
-  _tile_zero(3);
+  ZeroAccumulators();
   for (int64_t s = 0; s < state.key_pairs; s += kAmxRows) {
     _tile_loadd(4, queries + s, query_bytes);
     const bf16* step = keys + s * kAttentionKeyTile * 2;

@@ -9,7 +9,10 @@
 //
 // Blocking. A task is 32 rows by 32 columns over the whole of k: 2 x 2 accumulator tiles, each
 // step of 64 k loading 2 A and 2 B tiles for 4 products. Threads split the column strips, row
-// chunks outermost so that a thread's rows stay in its L2 while the strips pass. Products are
+// chunks outermost so that a thread's rows stay in its L2 while the strips pass. Up to 32 rows,
+// where the weight's stream from memory is the bound, a task is 16 rows by a block's 64 columns
+// (1 A and 4 B tiles a step), so that each 4 KiB chunk is read whole at once: 12-28% less time
+// than the 32 x 32 tasks on the bench model's lm_head (bench/RESULTS.md). Products are
 // exact in INT32 whatever the order, so the result is oneDNN's to the bit; Int8GemmAmxScaled
 // scales a task's products while they are in cache, as Int8GemvScaled does.
 #include "kernels/cpu/int8_gemv.h"
@@ -52,14 +55,29 @@ struct Output {
   int64_t ldy = 0;
 };
 
+// Rows [row, row + rows) of the output from a task's products c (kCols columns per row, from
+// column col): INT32 as they are, or scaled.
+template <int64_t kCols>
+MOE_AMX_INT8_AVX512 void Store(const int32_t (*c)[kCols], int64_t row, int64_t rows, int64_t col, const Output& out) {
+  for (int64_t i = 0; i < rows; ++i) {
+    if (out.products) {
+      std::memcpy(out.products + (row + i) * out.ldy + col, c[i], kCols * sizeof(int32_t));
+      continue;
+    }
+    const __m512 x_scale = _mm512_set1_ps(out.x_scales[row + i]);
+    for (int64_t v = 0; v < kCols; v += 16) {
+      const __m512 products = _mm512_cvtepi32_ps(_mm512_load_si512(&c[i][v]));
+      _mm512_storeu_ps(out.scaled + (row + i) * out.ldy + col + v,
+                       _mm512_mul_ps(_mm512_mul_ps(products, x_scale), _mm512_loadu_ps(out.w_scales + col + v)));
+    }
+  }
+}
+
 // Rows [row, row + rows) of the output (rows <= 32), columns [col, col + 32): x (32 rows k apart,
 // zeros past `rows`) times the strip of the weight that holds the columns.
 MOE_AMX_INT8_AVX512 void Task(const int8_t* x, int64_t k, const int8_t* strip, int64_t row, int64_t rows,
                               int64_t col, const Output& out) {
-  _tile_zero(0);
-  _tile_zero(1);
-  _tile_zero(2);
-  _tile_zero(3);
+  ZeroAccumulators();
   for (int64_t p = 0; p < k; p += kBlock) {
     const int8_t* chunk = strip + p / kBlock * kChunkBytes;
     _tile_loadd(4, x + p, k);
@@ -77,18 +95,35 @@ MOE_AMX_INT8_AVX512 void Task(const int8_t* x, int64_t k, const int8_t* strip, i
   _tile_stored(1, &c[0][kAmxRows], kRowBytes);
   _tile_stored(2, &c[kAmxRows][0], kRowBytes);
   _tile_stored(3, &c[kAmxRows][kAmxRows], kRowBytes);
-  for (int64_t i = 0; i < rows; ++i) {
-    if (out.products) {
-      std::memcpy(out.products + (row + i) * out.ldy + col, c[i], kRowBytes);
-      continue;
-    }
-    const __m512 x_scale = _mm512_set1_ps(out.x_scales[row + i]);
-    for (int64_t v = 0; v < kTaskCols; v += 16) {
-      const __m512 products = _mm512_cvtepi32_ps(_mm512_load_si512(&c[i][v]));
-      _mm512_storeu_ps(out.scaled + (row + i) * out.ldy + col + v,
-                       _mm512_mul_ps(_mm512_mul_ps(products, x_scale), _mm512_loadu_ps(out.w_scales + col + v)));
-    }
+  Store(c, row, rows, col, out);
+}
+
+// Rows [row, row + rows) of the output (rows <= 16), the 64 columns of one block from col: x (16
+// rows k apart, zeros past `rows`) times the block, each chunk read whole (4 KiB in a row) and once.
+// For a few rows, where the weight's stream from memory bounds the time: a 32 x 32 task reads
+// each chunk's 128-byte halves in turn.
+MOE_AMX_INT8_AVX512 void WideTask(const int8_t* x, int64_t k, const int8_t* block, int64_t row, int64_t rows,
+                                  int64_t col, const Output& out) {
+  ZeroAccumulators();
+  for (int64_t p = 0; p < k; p += kBlock) {
+    const int8_t* chunk = block + p / kBlock * kChunkBytes;
+    _tile_loadd(4, x + p, k);
+    _tile_loadd(5, chunk, kQuadBytes);
+    _tile_dpbssd(0, 4, 5);
+    _tile_loadd(6, chunk + 4 * kAmxRows, kQuadBytes);
+    _tile_dpbssd(1, 4, 6);
+    _tile_loadd(7, chunk + 8 * kAmxRows, kQuadBytes);
+    _tile_dpbssd(2, 4, 7);
+    _tile_loadd(5, chunk + 12 * kAmxRows, kQuadBytes);
+    _tile_dpbssd(3, 4, 5);
   }
+  alignas(64) int32_t c[kAmxRows][kBlock];
+  constexpr int kRowBytes = kBlock * sizeof(int32_t);
+  _tile_stored(0, &c[0][0], kRowBytes);
+  _tile_stored(1, &c[0][kAmxRows], kRowBytes);
+  _tile_stored(2, &c[0][2 * kAmxRows], kRowBytes);
+  _tile_stored(3, &c[0][3 * kAmxRows], kRowBytes);
+  Store(c, row, rows, col, out);
 }
 
 MOE_AMX_INT8 void Configure() {
@@ -98,9 +133,28 @@ MOE_AMX_INT8 void Configure() {
 
 MOE_AMX_INT8 void Release() { _tile_release(); }
 
+// Up to 32 rows (decode batches): WideTask on each block, once or twice, the second time from L2.
+void RunFewRows(const int8_t* x, int64_t m, int64_t k, int64_t n, const int8_t* packed, const Output& out) {
+  std::vector<int8_t> padded(RoundUp(m, kAmxRows) * k, 0);
+  std::memcpy(padded.data(), x, m * k);
+  ParallelFor(n / kBlock, [&](int64_t begin, int64_t end) {
+    Configure();
+    for (int64_t b = begin; b < end; ++b) {
+      for (int64_t r = 0; r < m; r += kAmxRows) {
+        WideTask(padded.data() + r * k, k, packed + b * k * kBlock, r, std::min(kAmxRows, m - r), b * kBlock, out);
+      }
+    }
+    Release();
+  });
+}
+
 void Run(const int8_t* x, int64_t m, int64_t k, int64_t n, const int8_t* packed, const Output& out) {
   MOE_CHECK(Int8GemmAmxSupported(k, n), "Int8GemmAmx: no AMX-INT8, or k %lld / n %lld not multiples of 64",
             static_cast<long long>(k), static_cast<long long>(n));
+  if (m <= kTaskRows) {
+    RunFewRows(x, m, k, n, packed, out);
+    return;
+  }
   const int64_t strips = n / kTaskCols, chunks = CeilDiv(m, kChunkRows);
   const int64_t whole = m / kTaskRows * kTaskRows;  // rows in whole tasks; the rest go through a copy
   ParallelFor(chunks * strips, [&](int64_t begin, int64_t end) {

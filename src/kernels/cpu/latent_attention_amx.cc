@@ -128,10 +128,7 @@ class AmxKeyTileKernel final : public KeyTileKernel {
     const int64_t key_bytes = dim_ * sizeof(bf16);
     for (int64_t b = row_begin / kAmxRows; b < CeilDiv(rows_, kAmxRows); ++b) {
       const bf16* qb = queries_.data() + b * steps_ * 2 * kAmxTileValues;
-      _tile_zero(0);
-      _tile_zero(1);
-      _tile_zero(2);
-      _tile_zero(3);
+      ZeroAccumulators();
       for (int64_t s = 0; s < steps_; ++s) {
         _tile_loadd(5, qb + 2 * s * kAmxTileValues, kAmxK * sizeof(bf16));
         _tile_loadd(6, qb + (2 * s + 1) * kAmxTileValues, kAmxK * sizeof(bf16));

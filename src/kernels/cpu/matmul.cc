@@ -5,7 +5,7 @@
 // to its bucket. The packed path runs 1.3-8x faster than the plain one at M = 1..512 on the bench
 // model's expert shapes (AMX brgemm; bench/RESULTS.md), because the plain one repacks the weight
 // on every call. I8 weights at up to kInt8GemvMaxRows rows skip oneDNN for Int8Gemv, which streams
-// a weight laid out for it faster (int8_gemv.h).
+// a weight laid out for it faster (int8_gemv.h; kInt8GemvMaxRowsBesideAmx where AMX tiles run).
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -185,7 +185,8 @@ void Execute(const void* src, const float* src_scales, int64_t m, const Weight& 
   // are scaled into y; Int8Gemv and Int8GemmAmx scale their own, a block at a time.
   static_assert(sizeof(int32_t) == sizeof(float));
   const int32_t* products = reinterpret_cast<const int32_t*>(y);
-  if (weight.gemv_packed && m <= cpu::kInt8GemvMaxRows) {
+  if (weight.gemv_packed && m <= cpu::kInt8GemvMaxRows &&
+      (m <= cpu::kInt8GemvMaxRowsBesideAmx || !(weight.packed && RunsOnAmx(k, n)))) {
     cpu::Int8GemvScaled(static_cast<const int8_t*>(src), src_scales, m,
                         static_cast<const uint8_t*>(weight.gemv_packed), n, k, weight.row_scales, y);
     return;
