@@ -122,7 +122,6 @@ void Attention(const float* q, const float* k, const float* v, const AttentionPa
 // count: it depends only on its query, its position and the cache rows it sees.
 enum class SoftmaxRescale { kAmla, kMultiply };
 
-//
 // A paged cache is read through its block table: key r is row block_table[r / block_size] *
 // block_size + r % block_size of c_kv and k_pe (without a table, row r).
 struct LatentAttentionParams {

@@ -11,8 +11,9 @@
 // step of 64 k loading 2 A and 2 B tiles for 4 products. Threads split the column strips, row
 // chunks outermost so that a thread's rows stay in its L2 while the strips pass. Up to 32 rows,
 // where the weight's stream from memory is the bound, a task is 16 rows by a block's 64 columns
-// (1 A and 4 B tiles a step), so that each 4 KiB chunk is read whole at once: 12-28% less time
-// than the 32 x 32 tasks on the bench model's lm_head (bench/RESULTS.md). Products are
+// (1 A and 4 B tiles a step), so that each 4 KiB chunk is read whole at once: on the bench model's
+// lm_head about a quarter less time than the 32 x 32 tasks up to 16 rows, less at 32
+// (bench/RESULTS.md). Products are
 // exact in INT32 whatever the order, so the result is oneDNN's to the bit; Int8GemmAmxScaled
 // scales a task's products while they are in cache, as Int8GemvScaled does.
 #include "kernels/cpu/int8_gemv.h"
@@ -134,14 +135,19 @@ MOE_AMX_INT8 void Configure() {
 MOE_AMX_INT8 void Release() { _tile_release(); }
 
 // Up to 32 rows (decode batches): WideTask on each block, once or twice, the second time from L2.
+// Rows short of a whole tile go through a copy padded with zeros.
 void RunFewRows(const int8_t* x, int64_t m, int64_t k, int64_t n, const int8_t* packed, const Output& out) {
-  std::vector<int8_t> padded(RoundUp(m, kAmxRows) * k, 0);
-  std::memcpy(padded.data(), x, m * k);
+  std::vector<int8_t> padded;
+  if (m % kAmxRows != 0) {
+    padded.assign(RoundUp(m, kAmxRows) * k, 0);
+    std::memcpy(padded.data(), x, m * k);
+    x = padded.data();
+  }
   ParallelFor(n / kBlock, [&](int64_t begin, int64_t end) {
     Configure();
     for (int64_t b = begin; b < end; ++b) {
       for (int64_t r = 0; r < m; r += kAmxRows) {
-        WideTask(padded.data() + r * k, k, packed + b * k * kBlock, r, std::min(kAmxRows, m - r), b * kBlock, out);
+        WideTask(x + r * k, k, packed + b * k * kBlock, r, std::min(kAmxRows, m - r), b * kBlock, out);
       }
     }
     Release();

@@ -12,8 +12,8 @@ namespace moe::kernels::cpu {
 // 0.83-0.95x at 32-64.
 inline constexpr int64_t kInt8GemvMaxRows = 16;
 // The same where the weight runs on AMX-INT8 tiles (Int8GemmAmxSupported and oneDNN's AMX layout):
-// on an AMX Xeon, 2 threads, Int8GemmAmx's 16-row tasks match Int8Gemv at 4-8 rows and beat it by
-// 1.4x at 16 (bench/RESULTS.md).
+// on an AMX Xeon, 2 threads, Int8GemmAmx's 16-row tasks about match Int8Gemv at 4 rows and run
+// 1.1x faster at 8, 1.4x at 16 (bench/RESULTS.md).
 inline constexpr int64_t kInt8GemvMaxRowsBesideAmx = 8;
 
 // Whether the CPU has what Int8Gemv needs: AVX-512F, AVX-512BW and AVX512_VNNI.
