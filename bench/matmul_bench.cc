@@ -105,8 +105,8 @@ const std::vector<Tensor>& PackedCopies(const GemmShape& s, Tensor (*pack)(const
 }
 
 // The INT32 products alone of the kernels Matmul chooses between for I8 weights: Int8Gemv at a
-// few rows, oneDNN or (on AMX-INT8 machines) Int8GemmAmx at more, each on the weight laid out for
-// it.
+// few rows, oneDNN or (on AMX-INT8 machines) Int8GemmAmx at more; oneDNN on its own layout, the
+// others on Int8Gemv's.
 enum class Int8Kernel { kGemv, kOneDnn, kAmx };
 
 void BM_Int8Products(benchmark::State& state, GemmShape shape, Int8Kernel kernel) {
@@ -116,19 +116,18 @@ void BM_Int8Products(benchmark::State& state, GemmShape shape, Int8Kernel kernel
   }
   const int64_t m = state.range(0);
   const std::vector<Tensor>& packed =
-      PackedCopies(shape, kernel == Int8Kernel::kGemv ? &kernels::PackGemvWeight : &kernels::PackMatmulWeight);
+      PackedCopies(shape, kernel == Int8Kernel::kOneDnn ? &kernels::PackMatmulWeight : &kernels::PackGemvWeight);
   std::vector<int8_t> x(m * shape.k);
   for (int64_t i = 0; i < m * shape.k; ++i) x[i] = static_cast<int8_t>(Noise(i + 12345) * 127.0f);
   std::vector<int32_t> y(m * shape.n);
   size_t next = 0;
   const double seconds = FastestIteration(state, [&] {
     const int8_t* w = packed[next].data<int8_t>();
+    const auto* unsigned_w = reinterpret_cast<const uint8_t*>(w);
     switch (kernel) {
-      case Int8Kernel::kGemv:
-        kernels::cpu::Int8Gemv(x.data(), m, reinterpret_cast<const uint8_t*>(w), shape.n, shape.k, y.data());
-        break;
+      case Int8Kernel::kGemv: kernels::cpu::Int8Gemv(x.data(), m, unsigned_w, shape.n, shape.k, y.data()); break;
       case Int8Kernel::kOneDnn: kernels::cpu::Int8GemmOneDnn(x.data(), m, shape.k, shape.n, w, y.data()); break;
-      case Int8Kernel::kAmx: kernels::cpu::Int8GemmAmx(x.data(), m, shape.k, shape.n, w, y.data()); break;
+      case Int8Kernel::kAmx: kernels::cpu::Int8GemmAmx(x.data(), m, shape.k, shape.n, unsigned_w, y.data()); break;
     }
     next = (next + 1) % packed.size();
     benchmark::DoNotOptimize(y.data());

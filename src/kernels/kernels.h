@@ -12,7 +12,7 @@ namespace moe::kernels {
 // A [n, k] weight matrix: F32, BF16, or I8 with one dequantization scale per row (output channel).
 // `packed` and `gemv_packed`, when set, are the same I8 weight as PackMatmulWeight and
 // PackGemvWeight lay it out, which Matmul then reads instead of `data`: the first for many rows,
-// the second for a few.
+// the second for a few, or for every row count where AMX-INT8 runs the shape (NeedsMatmulPacking).
 struct Weight {
   Weight(const TensorView& data, const float* row_scales = nullptr,  // NOLINT: implicit by design
          const void* packed = nullptr, const void* gemv_packed = nullptr)
@@ -26,6 +26,11 @@ struct Weight {
 // An I8 [n, k] weight rearranged once into the blocked layout of oneDNN's fastest int8 kernels
 // (AMX or VNNI brgemm), which they would otherwise rebuild from the plain layout on every call.
 Tensor PackMatmulWeight(const TensorView& w);
+
+// Whether Matmul reads PackMatmulWeight's layout of an I8 [n, k] weight that also has
+// PackGemvWeight's: not where AMX-INT8 tiles run the shape, which read the latter at every batch
+// size, so that one packed copy of the weight is held, not two.
+bool NeedsMatmulPacking(int64_t n, int64_t k);
 
 // An I8 [n, k] weight laid out for the hand-written kernel Matmul runs on a few rows (decode), or,
 // on a CPU without it (no AVX-512 VNNI), an empty tensor.

@@ -142,8 +142,10 @@ Linear MakeLinear(Tensor w, DType dtype, bool with_plain_rows) {
       linear.row_scales = Tensor::F32({linear.out});
       kernels::QuantizeRows(w.data<float>(), linear.out, linear.in, plain.data<int8_t>(),
                             linear.row_scales.data<float>());
-      linear.packed = kernels::PackMatmulWeight(plain.view());
       linear.gemv_packed = kernels::PackGemvWeight(plain.view());
+      if (linear.gemv_packed.empty() || kernels::NeedsMatmulPacking(linear.out, linear.in)) {
+        linear.packed = kernels::PackMatmulWeight(plain.view());
+      }
       if (with_plain_rows) {
         linear.row_norms = kernels::I8RowNorms(plain.view(), linear.row_scales.data<float>());
         linear.weight = std::move(plain);

@@ -14,14 +14,15 @@
 namespace moe {
 
 // A linear layer's [out, in] weight in the run dtype. F32 and BF16 weights are held as they are;
-// I8 weights (one F32 scale per row) only in the layouts the kernels read: the plain one is a
-// third copy that only an lm_head's greedy rows read (kernels::MatmulTwoPart).
+// I8 weights (one F32 scale per row) only in the layouts the kernels read: Int8Gemv's, and oneDNN's
+// where AMX-INT8 does not run the shape (kernels::NeedsMatmulPacking); the plain one is one more
+// copy that only an lm_head's greedy rows read (kernels::MatmulTwoPart).
 struct Linear {
   DType dtype = DType::kF32;
   int64_t out = 0, in = 0;
   Tensor weight;       // F32 or BF16; for I8 the plain rows in heads (MakeHead), empty elsewhere
   Tensor row_scales;   // [out], F32; I8 only
-  Tensor packed;       // I8 only: the weight as kernels::PackMatmulWeight lays it out
+  Tensor packed;       // I8 only: as kernels::PackMatmulWeight lays it out, where NeedsMatmulPacking
   Tensor gemv_packed;  // I8 only: as kernels::PackGemvWeight lays it out (empty where unsupported)
   Tensor row_norms;    // I8 heads only: kernels::I8RowNorms, for greedy rows' logits
 

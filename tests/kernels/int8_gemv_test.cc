@@ -105,8 +105,9 @@ TEST(Int8GemvExtremesTest, MatchesScalarProductsExactly) {
   }
 }
 
-// Int8GemmAmx (and Int8GemmAmxScaled) on oneDNN's packed weight: to the bit, at row counts around its tasks of 32 rows and
-// chunks of 256, over several blocks of k and of columns, with the extreme values in the mix.
+// Int8GemmAmx (and Int8GemmAmxScaled) on Int8Gemv's packed weight: to the bit, at row counts
+// around its tasks of 16 and 32 rows and chunks of 256, over several blocks of k and of columns,
+// with the extreme values in the mix.
 TEST(Int8GemmAmxTest, MatchesScalarProductsExactly) {
   for (const auto& [k, n] : {std::pair<int64_t, int64_t>{64, 64}, {192, 128}, {128, 320}}) {
     if (!cpu::Int8GemmAmxSupported(k, n)) GTEST_SKIP() << "this CPU lacks AMX-INT8";
@@ -114,12 +115,13 @@ TEST(Int8GemmAmxTest, MatchesScalarProductsExactly) {
     std::fill_n(w.begin(), k, int8_t{-128});
     Tensor weight(DType::kI8, {n, k});
     std::memcpy(weight.raw(), w.data(), w.size());
-    const Tensor packed = PackMatmulWeight(weight.view());
+    const Tensor packed = PackGemvWeight(weight.view());
+    const auto* unsigned_packed = reinterpret_cast<const uint8_t*>(packed.data<int8_t>());
     for (int64_t m : {1, 5, 16, 17, 24, 32, 33, 255, 256, 300}) {
       std::vector<int8_t> x = RandomInt8(m * k, 4, -128, 127);
       std::fill_n(x.begin(), k, int8_t{-128});
       std::vector<int32_t> y(m * n, -1);
-      cpu::Int8GemmAmx(x.data(), m, k, n, packed.data<int8_t>(), y.data());
+      cpu::Int8GemmAmx(x.data(), m, k, n, unsigned_packed, y.data());
       const std::vector<int32_t> want = ScalarProducts(x, m, w, n, k);
       for (int64_t i = 0; i < m * n; ++i) {
         ASSERT_EQ(y[i], want[i]) << "m " << m << " n " << n << " k " << k << " at row " << i / n << " column "
@@ -129,7 +131,7 @@ TEST(Int8GemmAmxTest, MatchesScalarProductsExactly) {
       std::vector<float> x_scales(m), w_scales(n), scaled(m * n);
       for (int64_t i = 0; i < m; ++i) x_scales[i] = 0.01f + 0.003f * static_cast<float>(i);
       for (int64_t j = 0; j < n; ++j) w_scales[j] = 0.02f - 0.0001f * static_cast<float>(j);
-      cpu::Int8GemmAmxScaled(x.data(), x_scales.data(), m, k, n, packed.data<int8_t>(), w_scales.data(),
+      cpu::Int8GemmAmxScaled(x.data(), x_scales.data(), m, k, n, unsigned_packed, w_scales.data(),
                              scaled.data());
       for (int64_t i = 0; i < m * n; ++i) {
         const float expected = static_cast<float>(want[i]) * x_scales[i / n] * w_scales[i % n];
@@ -141,7 +143,8 @@ TEST(Int8GemmAmxTest, MatchesScalarProductsExactly) {
 }
 
 // Matmul gives a row the same bits alone and at every place in a batch of every size up to past
-// kInt8GemvMaxRows, where oneDNN takes over, with the weight plain, packed for oneDNN, or for both.
+// kInt8GemvMaxRows, where oneDNN or Int8GemmAmx takes over, with the weight plain, packed for
+// oneDNN, for both, or, where AMX-INT8 runs the shape, held only as Int8Gemv lays it out.
 TEST(Int8MatmulTest, RowsDoNotDependOnTheBatch) {
   for (const auto& [n, k] : {std::pair<int64_t, int64_t>{37, 130}, {64, 2048}, {130, 66}}) {
     const RandomInt8Weight w(n, k, 11);
@@ -149,18 +152,24 @@ TEST(Int8MatmulTest, RowsDoNotDependOnTheBatch) {
     const Weight plain(w.view(), w.scales.data()), packed_too(w.view(), w.scales.data(), packed.data<int8_t>());
     const Weight both(w.view(), w.scales.data(), packed.data<int8_t>(),
                       gemv_packed.empty() ? nullptr : gemv_packed.data<int8_t>());
+    std::vector<Weight> weights = {plain, packed_too, both};
+    if (!gemv_packed.empty() && !NeedsMatmulPacking(n, k)) {
+      weights.emplace_back(TensorView{nullptr, DType::kI8, {n, k}}, w.scales.data(), nullptr,
+                           gemv_packed.data<int8_t>());
+    }
     const int64_t max_rows = cpu::kInt8GemvMaxRows + 3;
     const std::vector<float> x = Random(max_rows * k, 12);
     std::vector<float> alone(max_rows * n);
     for (int64_t r = 0; r < max_rows; ++r) Matmul(x.data() + r * k, 1, plain, alone.data() + r * n);
-    for (const Weight& weight : {plain, packed_too, both}) {
+    for (const Weight& weight : weights) {
       for (int64_t m = 1; m <= max_rows; ++m) {
         std::vector<float> y(m * n);
         Matmul(x.data(), m, weight, y.data());
         for (int64_t r = 0; r < m; ++r) {
           ASSERT_EQ(std::memcmp(y.data() + r * n, alone.data() + r * n, n * sizeof(float)), 0)
-              << "n " << n << " k " << k << " packed " << (weight.packed != nullptr) << " gemv packed "
-              << (weight.gemv_packed != nullptr) << ": row " << r << " of " << m;
+              << "n " << n << " k " << k << " plain " << (weight.data.data != nullptr) << " packed "
+              << (weight.packed != nullptr) << " gemv packed " << (weight.gemv_packed != nullptr) << ": row " << r
+              << " of " << m;
         }
       }
     }

@@ -3,7 +3,7 @@
 //
 // VPDPBUSD multiplies unsigned bytes by signed ones. The packed weight is made unsigned by flipping
 // its sign bit (w + 128) and x stays signed, so each product is too large by 128 * x[i, p]; 128
-// times the sum of each x row, found once per call, is taken off at the end. The biased sums, at
+// times the sum of each x row (Int8RowBiases), found once per call, is taken off at the end. The biased sums, at
 // most 255 * 128 * k, stay within INT32 for k up to 2^16, so the result is exact, whatever the
 // order.
 //
@@ -154,7 +154,7 @@ void Products(const int8_t* x, int64_t m, const uint8_t* packed, int64_t n, int6
               const float* w_scales, int32_t* y) {
   MOE_CHECK(Int8GemvSupported(), "Int8Gemv: this CPU lacks AVX-512 VNNI");
   std::vector<int32_t> bias(m);
-  for (int64_t i = 0; i < m; ++i) bias[i] = 128 * RowSum(x + i * k, k);
+  Int8RowBiases(x, m, k, bias.data());
   // Rows whose k is not a whole number of groups are read from a copy padded with zeros.
   const int64_t stride = RoundUp(k, 4);
   std::vector<int8_t> padded;
@@ -195,6 +195,11 @@ void Products(const int8_t* x, int64_t m, const uint8_t* packed, int64_t n, int6
 
 }  // namespace
 
+void Int8RowBiases(const int8_t* x, int64_t m, int64_t k, int32_t* biases) {
+  MOE_CHECK(Int8GemvSupported(), "Int8RowBiases: this CPU lacks AVX-512 VNNI");
+  for (int64_t i = 0; i < m; ++i) biases[i] = 128 * RowSum(x + i * k, k);
+}
+
 void Int8Gemv(const int8_t* x, int64_t m, const uint8_t* packed, int64_t n, int64_t k, int32_t* y) {
   Products(x, m, packed, n, k, nullptr, nullptr, y);
 }
@@ -205,6 +210,8 @@ void Int8GemvScaled(const int8_t* x, const float* x_scales, int64_t m, const uin
   Products(x, m, packed, n, k, x_scales, w_scales, reinterpret_cast<int32_t*>(y));
 }
 #else
+void Int8RowBiases(const int8_t*, int64_t, int64_t, int32_t*) { MOE_CHECK(false, "Int8RowBiases needs x86-64"); }
+
 void Int8Gemv(const int8_t*, int64_t, const uint8_t*, int64_t, int64_t, int32_t*) {
   MOE_CHECK(false, "Int8Gemv needs x86-64");
 }

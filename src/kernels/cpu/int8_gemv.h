@@ -11,8 +11,7 @@ namespace moe::kernels::cpu {
 // with AVX-512 VNNI, Int8Gemv is 1.0-1.3x faster than oneDNN at 1-12 rows, even at 16 and
 // 0.83-0.95x at 32-64.
 inline constexpr int64_t kInt8GemvMaxRows = 16;
-// The same where the weight runs on AMX-INT8 tiles (Int8GemmAmxSupported and oneDNN's AMX layout):
-// on an AMX Xeon, 2 threads, Int8GemmAmx's 16-row tasks about match Int8Gemv at 4 rows and run
+// The same where the weight runs on AMX-INT8 tiles (Int8GemmAmxSupported): on an AMX Xeon, 2 threads, Int8GemmAmx's 16-row tasks about match Int8Gemv at 4 rows and run
 // 1.1x faster at 8, 1.4x at 16 (bench/RESULTS.md).
 inline constexpr int64_t kInt8GemvMaxRowsBesideAmx = 8;
 
@@ -36,26 +35,27 @@ void Int8Gemv(const int8_t* x, int64_t m, const uint8_t* packed, int64_t n, int6
 void Int8GemvScaled(const int8_t* x, const float* x_scales, int64_t m, const uint8_t* packed, int64_t n, int64_t k,
                     const float* w_scales, float* y);
 
-// The same products on `packed`, the weight as PackMatmulWeight lays it out: what Matmul runs above
-// kInt8GemvMaxRows rows. Int8GemmAmx where it runs (on oneDNN's AMX layout), otherwise
-// Int8GemmOneDnn. Returns where the products are: y, or a buffer of this thread (see below).
-const int32_t* Int8GemmPacked(const int8_t* x, int64_t m, int64_t k, int64_t n, const void* packed, int32_t* y);
+// biases[i] = 128 times the sum of x row i (x [m, k]): what a weight made unsigned (w + 128), as
+// PackInt8Gemv makes it, adds to each of the row's products. Needs Int8GemvSupported().
+void Int8RowBiases(const int8_t* x, int64_t m, int64_t k, int32_t* biases);
 
-// oneDNN's GEMM (matmul.cc). Returns y, or, when m is not a size the GEMM was built for, the first m
-// rows of a buffer of this thread that the next call reuses.
+// oneDNN's GEMM (matmul.cc) on the weight as PackMatmulWeight lays it out: what Matmul runs above
+// kInt8GemvMaxRows rows where Int8GemmAmx does not. Returns y, or, when m is not a size the GEMM
+// was built for, the first m rows of a buffer of this thread that the next call reuses.
 const int32_t* Int8GemmOneDnn(const int8_t* x, int64_t m, int64_t k, int64_t n, const void* packed, int32_t* y);
 
 // Whether the CPU has AMX-INT8 and a [n, k] weight's shape suits Int8GemmAmx (k and n multiples of
-// 64). Int8GemmPacked also checks that oneDNN chose the layout Int8GemmAmx reads.
+// 64, k up to 2^16).
 bool Int8GemmAmxSupported(int64_t k, int64_t n);
 
-// y [m, n] (INT32, exact) = x [m, k] times the weight packed by oneDNN as BA16a64b4a, on AMX tiles
-// (int8_gemm_amx.cc). Needs Int8GemmAmxSupported(k, n).
-void Int8GemmAmx(const int8_t* x, int64_t m, int64_t k, int64_t n, const int8_t* packed, int32_t* y);
+// y [m, n] (INT32, exact) = x [m, k] times the weight as PackInt8Gemv lays it out, on AMX tiles
+// (int8_gemm_amx.cc): Matmul's GEMM above Int8Gemv's rows where it runs, so that one copy of the
+// weight serves every batch. Needs Int8GemmAmxSupported(k, n) and Int8GemvSupported().
+void Int8GemmAmx(const int8_t* x, int64_t m, int64_t k, int64_t n, const uint8_t* packed, int32_t* y);
 
 // Int8GemmAmx's products dequantized: y[i, j] = float(product) * x_scales[i] * w_scales[j], in that
 // order, the same bits as Matmul's epilogue.
-void Int8GemmAmxScaled(const int8_t* x, const float* x_scales, int64_t m, int64_t k, int64_t n, const int8_t* packed,
+void Int8GemmAmxScaled(const int8_t* x, const float* x_scales, int64_t m, int64_t k, int64_t n, const uint8_t* packed,
                        const float* w_scales, float* y);
 
 }  // namespace moe::kernels::cpu

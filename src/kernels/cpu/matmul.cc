@@ -5,7 +5,9 @@
 // to its bucket. The packed path runs 1.3-8x faster than the plain one at M = 1..512 on the bench
 // model's expert shapes (AMX brgemm; bench/RESULTS.md), because the plain one repacks the weight
 // on every call. I8 weights at up to kInt8GemvMaxRows rows skip oneDNN for Int8Gemv, which streams
-// a weight laid out for it faster (int8_gemv.h; kInt8GemvMaxRowsBesideAmx where AMX tiles run).
+// a weight laid out for it faster (int8_gemv.h); where AMX-INT8 runs the shape, Int8Gemv takes up
+// to kInt8GemvMaxRowsBesideAmx rows and Int8GemmAmx the rest, on the same layout, and oneDNN's is
+// never built.
 #include <algorithm>
 #include <bit>
 #include <cmath>
@@ -126,23 +128,13 @@ const MatmulPrimitive& GetPackedPrimitive(int64_t k, int64_t n, int64_t rows) {
   return it->second;
 }
 
-// Whether packed [n, k] weights go through Int8GemmAmx: the CPU and the shape suit it, and oneDNN
-// chose the layout it reads (its own AMX kernels' layout).
-bool RunsOnAmx(int64_t k, int64_t n) {
-  return cpu::Int8GemmAmxSupported(k, n) &&
-         PackedWeightsDesc(k, n) == memory::desc({k, n}, memory::data_type::s8, memory::format_tag::BA16a64b4a);
+// Whether the weight laid out for Int8Gemv serves an [n, k] I8 weight at every batch size: Int8Gemv
+// for a few rows, Int8GemmAmx above.
+bool GemvLayoutServesEveryBatch(int64_t n, int64_t k) {
+  return cpu::Int8GemvSupported() && cpu::Int8GemmAmxSupported(k, n);
 }
 
 }  // namespace
-
-const int32_t* cpu::Int8GemmPacked(const int8_t* src, int64_t m, int64_t k, int64_t n, const void* packed,
-                                   int32_t* y) {
-  if (RunsOnAmx(k, n)) {
-    cpu::Int8GemmAmx(src, m, k, n, static_cast<const int8_t*>(packed), y);
-    return y;
-  }
-  return cpu::Int8GemmOneDnn(src, m, k, n, packed, y);
-}
 
 const int32_t* cpu::Int8GemmOneDnn(const int8_t* src, int64_t m, int64_t k, int64_t n, const void* packed,
                                    int32_t* y) {
@@ -185,20 +177,21 @@ void Execute(const void* src, const float* src_scales, int64_t m, const Weight& 
   // are scaled into y; Int8Gemv and Int8GemmAmx scale their own, a block at a time.
   static_assert(sizeof(int32_t) == sizeof(float));
   const int32_t* products = reinterpret_cast<const int32_t*>(y);
-  if (weight.gemv_packed && m <= cpu::kInt8GemvMaxRows &&
-      (m <= cpu::kInt8GemvMaxRowsBesideAmx || !(weight.packed && RunsOnAmx(k, n)))) {
-    cpu::Int8GemvScaled(static_cast<const int8_t*>(src), src_scales, m,
-                        static_cast<const uint8_t*>(weight.gemv_packed), n, k, weight.row_scales, y);
-    return;
-  }
-  if (weight.packed && RunsOnAmx(k, n)) {
-    cpu::Int8GemmAmxScaled(static_cast<const int8_t*>(src), src_scales, m, k, n,
-                           static_cast<const int8_t*>(weight.packed), weight.row_scales, y);
-    return;
+  if (weight.gemv_packed) {
+    const auto* gemv_packed = static_cast<const uint8_t*>(weight.gemv_packed);
+    const bool amx = GemvLayoutServesEveryBatch(n, k);
+    if (m <= (amx ? cpu::kInt8GemvMaxRowsBesideAmx : cpu::kInt8GemvMaxRows)) {
+      cpu::Int8GemvScaled(static_cast<const int8_t*>(src), src_scales, m, gemv_packed, n, k, weight.row_scales, y);
+      return;
+    }
+    if (amx) {
+      cpu::Int8GemmAmxScaled(static_cast<const int8_t*>(src), src_scales, m, k, n, gemv_packed, weight.row_scales, y);
+      return;
+    }
   }
   if (weight.packed) {
     MOE_CHECK(w.dtype == DType::kI8, "only I8 weights are packed");
-    products = cpu::Int8GemmPacked(static_cast<const int8_t*>(src), m, k, n, weight.packed,
+    products = cpu::Int8GemmOneDnn(static_cast<const int8_t*>(src), m, k, n, weight.packed,
                                    reinterpret_cast<int32_t*>(y));
   } else {
     ExecutePlain(src, m, w, y);
@@ -227,6 +220,8 @@ void SplitTwoParts(const float* x, int64_t m, int64_t k, int8_t* parts, float* s
 }
 
 }  // namespace
+
+bool NeedsMatmulPacking(int64_t n, int64_t k) { return !GemvLayoutServesEveryBatch(n, k); }
 
 Tensor PackMatmulWeight(const TensorView& w) {
   MOE_CHECK(w.dtype == DType::kI8 && w.shape.size() == 2, "PackMatmulWeight takes a 2-D I8 weight");
