@@ -8,6 +8,7 @@
 #include <limits>
 #include <random>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include <gtest/gtest.h>
@@ -251,9 +252,12 @@ TEST(LatentAttentionTest, TokensDoNotDependOnTheirBatch) {
 
 TEST(LatentAttentionTest, PagedCacheGivesTheSameBits) {
   // Keys read through a block table, from blocks scattered over a larger cache whose other blocks
-  // hold NaN, are the same bits as the keys laid out in order, on every variant and work split.
-  for (const int64_t block_size : {int64_t{16}, int64_t{5}}) {
-    const LatentAttentionParams in_order{.tokens = 3, .keys = 700, .heads = 3, .kv_lora = 40, .rope = 8,
+  // hold NaN, are the same bits as the keys laid out in order, on every variant and work split;
+  // with rows of whole AMX steps (kv_lora and rope multiples of 32) the AMX kernel reads tiles of
+  // 16 keys in a block where they lie, and copies the others (blocks of 5, the last partial tile).
+  for (const auto& [block_size, kv_lora, rope] :
+       {std::tuple<int64_t, int64_t, int64_t>{16, 40, 8}, {5, 40, 8}, {16, 64, 32}, {32, 64, 32}, {5, 64, 32}}) {
+    const LatentAttentionParams in_order{.tokens = 3, .keys = 700, .heads = 3, .kv_lora = kv_lora, .rope = rope,
                                          .q_offset = 697, .scale = 0.3f};
     const Problem pr = RandomProblem(in_order, 91);
     const int64_t blocks = (in_order.keys + block_size - 1) / block_size, spare = 7;
@@ -273,13 +277,13 @@ TEST(LatentAttentionTest, PagedCacheGivesTheSameBits) {
       std::copy_n(&pr.k_pe[key * in_order.rope], in_order.rope, &paged.k_pe[row * in_order.rope]);
     }
     for (CacheType cache : {CacheType::kF32, CacheType::kBf16}) {
-      EXPECT_EQ(RunRef(paged, cache), RunRef(pr, cache)) << "ref, block size " << block_size;
+      EXPECT_EQ(RunRef(paged, cache), RunRef(pr, cache)) << "ref, block size " << block_size << ", kv_lora " << kv_lora;
       for (Isa isa : SupportedIsas()) {
         for (int64_t splits : {int64_t{1}, int64_t{3}}) {
           EXPECT_EQ(RunKernel(paged, cache, isa, splits, SoftmaxRescale::kAmla),
                     RunKernel(pr, cache, isa, splits, SoftmaxRescale::kAmla))
               << IsaName(isa) << (cache == CacheType::kF32 ? " f32" : " bf16") << " cache, splits " << splits
-              << ", block size " << block_size;
+              << ", block size " << block_size << ", kv_lora " << kv_lora << ", rope " << rope;
         }
       }
     }

@@ -55,8 +55,10 @@ class AmxKeyTileKernel final : public KeyTileKernel {
         layout_(p),
         dim_(CeilDiv(layout_.dim, kAmxK) * kAmxK),
         steps_(dim_ / kAmxK),
+        latent_steps_(p.kv_lora % kAmxK == 0 && p.rope % kAmxK == 0 ? p.kv_lora / kAmxK : steps_),
         queries_(CeilDiv(max_rows, kAmxRows) * steps_ * 2 * kAmxTileValues),
         keys_(kKeyBlock * dim_),
+        zeros_(layout_.lora),
         values_(kKeyBlock * layout_.lora),
         probs_(2 * kAmxRows * kKeyBlock) {}
 
@@ -97,22 +99,43 @@ class AmxKeyTileKernel final : public KeyTileKernel {
 
   MOE_AMX_AVX512 void LoadKeys(const bf16* c_kv, const bf16* k_pe, const LatentAttentionParams& p, int64_t first,
                                int64_t count) override {
-    // Rows past count keep what an earlier tile left there (finite, zero at first): their scores
-    // are not used and their probabilities are zero.
-    for (int64_t j = 0; j < count; ++j) {
-      bf16* row = keys_.data() + j * dim_;
-      const int64_t cache_row = p.CacheRow(first + j);
-      std::memcpy(row, c_kv + cache_row * p_.kv_lora, p_.kv_lora * sizeof(bf16));
-      std::memcpy(row + layout_.lora, k_pe + cache_row * p_.rope, p_.rope * sizeof(bf16));
+    // A tile of 16 keys whose rows lie in order in the cache (one block of a paged cache) is read
+    // where it lies, when the rows split into whole steps (latent_steps_ of c_kv, the rest k_pe);
+    // the others are copied into keys_. Rows of keys_ past count keep what an earlier tile left
+    // there (finite, zero at first): their scores are not used and their probabilities are zero.
+    const bool in_place = latent_steps_ * kAmxK == p_.kv_lora;
+    for (int64_t t = 0; t < kKeyTiles; ++t) {
+      const int64_t key = first + t * kAmxRows;
+      KeyTile& tile = tiles_[t];
+      const bool whole = (t + 1) * kAmxRows <= count;  // no key of the tile past the table's end
+      if (in_place && whole && p.CacheRow(key + kAmxRows - 1) == p.CacheRow(key) + kAmxRows - 1) {
+        const int64_t cache_row = p.CacheRow(key);
+        tile = {c_kv + cache_row * p_.kv_lora, p_.kv_lora, k_pe + cache_row * p_.rope, p_.rope};
+        continue;
+      }
+      bf16* rows = keys_.data() + t * kAmxRows * dim_;
+      for (int64_t j = t * kAmxRows; j < std::min(count, t * kAmxRows + kAmxRows); ++j) {
+        bf16* row = keys_.data() + j * dim_;
+        const int64_t cache_row = p.CacheRow(first + j);
+        std::memcpy(row, c_kv + cache_row * p_.kv_lora, p_.kv_lora * sizeof(bf16));
+        std::memcpy(row + layout_.lora, k_pe + cache_row * p_.rope, p_.rope * sizeof(bf16));
+      }
+      tile = {rows, dim_, rows + latent_steps_ * kAmxK, dim_};
     }
-    // Values with their keys paired: pair k, value d at values_[(k * lora + d) * 2 + {0, 1}].
+    // Values with their keys paired: pair k, value d at values_[(k * lora + d) * 2 + {0, 1}]; keys
+    // past count pair with zeros.
+    auto latent_row = [&](int64_t j) -> const bf16* {
+      if (j >= count) return zeros_.data();
+      const KeyTile& tile = tiles_[j / kAmxRows];
+      return tile.latent + j % kAmxRows * tile.latent_stride;
+    };
     alignas(64) static constexpr uint16_t kInterleave[32] = {0, 32, 1, 33, 2,  34, 3,  35, 4,  36, 5,
                                                              37, 6, 38, 7, 39, 8,  40, 9,  41, 10, 42,
                                                              11, 43, 12, 44, 13, 45, 14, 46, 15, 47};
     const __m512i interleave = _mm512_load_si512(kInterleave);
     for (int64_t k = 0; k < CeilDiv(count, 2); ++k) {
-      const bf16* even = keys_.data() + 2 * k * dim_;
-      const bf16* odd = even + dim_;
+      const bf16* even = latent_row(2 * k);
+      const bf16* odd = latent_row(2 * k + 1);
       bf16* out = values_.data() + k * layout_.lora * 2;
       for (int64_t d = 0; d < layout_.lora; d += 16) {
         const __m512i a = _mm512_castsi256_si512(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(even + d)));
@@ -125,24 +148,22 @@ class AmxKeyTileKernel final : public KeyTileKernel {
   MOE_AMX_AVX512 void Scores(int64_t row_begin, float* scores) override {
     Configure();
     alignas(64) float block[kKeyTiles][kAmxRows][kAmxRows];  // [key tile][key][row]
-    const int64_t key_bytes = dim_ * sizeof(bf16);
     for (int64_t b = row_begin / kAmxRows; b < CeilDiv(rows_, kAmxRows); ++b) {
       const bf16* qb = queries_.data() + b * steps_ * 2 * kAmxTileValues;
       ZeroAccumulators();
       for (int64_t s = 0; s < steps_; ++s) {
         _tile_loadd(5, qb + 2 * s * kAmxTileValues, kAmxK * sizeof(bf16));
         _tile_loadd(6, qb + (2 * s + 1) * kAmxTileValues, kAmxK * sizeof(bf16));
-        const bf16* keys = keys_.data() + s * kAmxK;
-        _tile_loadd(4, keys, key_bytes);
+        LoadKeyTile(0, s);
         _tile_dpbf16ps(0, 4, 5);
         _tile_dpbf16ps(0, 4, 6);
-        _tile_loadd(4, keys + kAmxRows * dim_, key_bytes);
+        LoadKeyTile(1, s);
         _tile_dpbf16ps(1, 4, 5);
         _tile_dpbf16ps(1, 4, 6);
-        _tile_loadd(4, keys + 2 * kAmxRows * dim_, key_bytes);
+        LoadKeyTile(2, s);
         _tile_dpbf16ps(2, 4, 5);
         _tile_dpbf16ps(2, 4, 6);
-        _tile_loadd(4, keys + 3 * kAmxRows * dim_, key_bytes);
+        LoadKeyTile(3, s);
         _tile_dpbf16ps(3, 4, 5);
         _tile_dpbf16ps(3, 4, 6);
       }
@@ -203,12 +224,34 @@ class AmxKeyTileKernel final : public KeyTileKernel {
   }
   MOE_AMX void Release() { _tile_release(); }
 
+  // Tile 4: key tile t's values of step s, from its latent rows or, past latent_steps_, its rope rows.
+  MOE_AMX void LoadKeyTile(int64_t t, int64_t s) {
+    const KeyTile& tile = tiles_[t];
+    if (s < latent_steps_) {
+      _tile_loadd(4, tile.latent + s * kAmxK, tile.latent_stride * sizeof(bf16));
+    } else {
+      _tile_loadd(4, tile.rope + (s - latent_steps_) * kAmxK, tile.rope_stride * sizeof(bf16));
+    }
+  }
+
+  // Where a tile of 16 keys lies: rows latent_stride values apart from `latent`, and the rope parts
+  // rope_stride apart from `rope` (in the cache, or in keys_).
+  struct KeyTile {
+    const bf16* latent;
+    int64_t latent_stride;
+    const bf16* rope;
+    int64_t rope_stride;
+  };
+
   const LatentAttentionParams p_;
   const RowLayout layout_;
   const int64_t dim_;    // the padded row, a multiple of kAmxK
   const int64_t steps_;  // of kAmxK values over dim_
+  const int64_t latent_steps_;  // steps read from a tile's latent rows; the rest from its rope rows
   std::vector<bf16> queries_;  // B tiles: [row block][step][high, low]
   std::vector<bf16> keys_;     // [kKeyBlock, dim_], zeros in the padding
+  std::vector<bf16> zeros_;    // [lora]: the values of keys past the tile's count
+  KeyTile tiles_[kKeyTiles] = {};
   std::vector<bf16> values_;   // [kKeyBlock / 2, lora, 2]
   std::vector<bf16> probs_;    // [high, low][kAmxRows, kKeyBlock]: one row block's A tiles
   int64_t rows_ = 0;
