@@ -16,7 +16,7 @@ namespace {
 // in a fixed order. Rows flagged `argmax_only` as DeepseekV3Model::Logits says.
 Tensor HeadLogits(const Linear& head, const float* hidden, int64_t rows, const std::vector<bool>& argmax_only = {},
                   int32_t* first_max = nullptr) {
-  Tensor logits = Tensor::F32({rows, head.rows()});
+  Tensor logits = Tensor::ForOverwrite(DType::kF32, {rows, head.rows()});
   if (head.dtype == DType::kI8) {
     kernels::MatmulTwoPart(hidden, rows, head.view(), logits.data<float>(), argmax_only,
                            head.row_norms.empty() ? nullptr : head.row_norms.data<float>(), first_max);

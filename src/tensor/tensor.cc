@@ -22,13 +22,15 @@ std::string ShapeToString(const Shape& shape) {
 
 void Tensor::FreeDeleter::operator()(void* p) const { std::free(p); }
 
-Tensor::Tensor(DType dtype, Shape shape) : dtype_(dtype), shape_(std::move(shape)) {
+Tensor::Tensor(DType dtype, Shape shape) : Tensor(dtype, std::move(shape), /*zero=*/true) {}
+
+Tensor::Tensor(DType dtype, Shape shape, bool zero) : dtype_(dtype), shape_(std::move(shape)) {
   for (int64_t d : shape_) MOE_CHECK(d >= 0, "negative dimension in %s", ShapeToString(shape_).c_str());
   constexpr size_t kAlign = 64;
   const size_t bytes = (std::max<size_t>(nbytes(), 1) + kAlign - 1) / kAlign * kAlign;
   void* p = std::aligned_alloc(kAlign, bytes);
   MOE_CHECK(p != nullptr, "out of memory allocating %zu bytes", bytes);
-  std::memset(p, 0, bytes);
+  if (zero) std::memset(p, 0, bytes);
   buffer_.reset(p);
 }
 

@@ -26,6 +26,17 @@ TEST(Tensor, BuffersAreZeroedAndCacheLineAligned) {
   }
 }
 
+TEST(Tensor, ForOverwriteHasTheShapeAndAlignmentButNoFill) {
+  for (int64_t n : {int64_t{0}, int64_t{3}, (int64_t{5} << 20) + 123}) {
+    Tensor t = Tensor::ForOverwrite(DType::kF32, {2, n});
+    EXPECT_EQ(t.shape(), (Shape{2, n}));
+    EXPECT_EQ(t.nbytes(), static_cast<size_t>(8 * n));
+    EXPECT_EQ(Address(t) % 64, 0u) << n;
+    std::fill_n(t.data<float>(), 2 * n, 1.5f);
+    EXPECT_TRUE(std::all_of(t.data<float>(), t.data<float>() + 2 * n, [](float v) { return v == 1.5f; }));
+  }
+}
+
 TEST(Tensor, ReshapeKeepsTheBytes) {
   Tensor t = Tensor::F32({2, 3});
   t.data<float>()[5] = 7;
