@@ -3,7 +3,9 @@
 // rescale. Each call reads its cache from memory (see cold.h), as a decode step does.
 // Prompt attention in the expanded form: a whole prompt of 512 or 2048 tokens, 16 heads of qk 192
 // and v 128, with F32 or BF16 products; compute-bound, so against the F32 or BF16 peak.
+#include <algorithm>
 #include <cstdint>
+#include <numeric>
 #include <random>
 #include <string>
 #include <tuple>
@@ -15,6 +17,7 @@
 #include "cold.h"
 #include "kernels/cpu/attention.h"
 #include "kernels/cpu/latent_attention.h"
+#include "kernels/kernels.h"
 #include "roofline.h"
 
 namespace moe::bench {
@@ -56,6 +59,41 @@ void BM_LatentAttention(benchmark::State& state, kernels::SoftmaxRescale rescale
   // output. The arithmetic is F32 whatever the cache holds.
   const double bytes = static_cast<double>(sizeof(T)) * keys * (kLora + kRope);
   const double ops = 2.0 * kHeads * keys * (kLora + kRope + kLora);
+  ReportRoofline(state, seconds, bytes, ops, Limits().f32_gflops);
+}
+
+// A decode step's latent attention: 32 sequences of `keys` keys each, one token each, over a paged
+// BF16 cache whose blocks of 16 lie in shuffled order, the sequences shared among the threads one
+// whole sequence per task, as MlaForward runs them (each call reads its cache from memory).
+void BM_LatentAttentionDecodeBatch(benchmark::State& state) {
+  constexpr int64_t kSequences = 32, kBlock = 16;
+  const int64_t keys = state.range(0), blocks_per_sequence = (keys + kBlock - 1) / kBlock;
+  const int64_t cache_rows = kSequences * blocks_per_sequence * kBlock;
+  std::mt19937 rng(9);
+  const std::vector<float> q_lat = RandomCache<float>(kSequences * kHeads * kLora, rng);
+  const std::vector<float> q_pe = RandomCache<float>(kSequences * kHeads * kRope, rng);
+  Rotation<bf16> c_kv(RandomCache<bf16>(cache_rows * kLora, rng)), k_pe(RandomCache<bf16>(cache_rows * kRope, rng));
+  std::vector<int32_t> blocks(kSequences * blocks_per_sequence);
+  std::iota(blocks.begin(), blocks.end(), 0);
+  std::shuffle(blocks.begin(), blocks.end(), rng);
+  std::vector<float> out(kSequences * kHeads * kLora);
+  const double seconds = FastestIteration(state, [&] {
+    const bf16* c = c_kv.Next();
+    const bf16* k = k_pe.Next();
+    ParallelFor(kSequences, [&](int64_t begin, int64_t end) {
+      for (int64_t s = begin; s < end; ++s) {
+        const kernels::LatentAttentionParams p{.tokens = 1, .keys = keys, .heads = kHeads, .kv_lora = kLora,
+                                               .rope = kRope, .q_offset = keys - 1, .scale = 0.072f,
+                                               .block_table = blocks.data() + s * blocks_per_sequence,
+                                               .block_size = kBlock};
+        kernels::LatentAttention(q_lat.data() + s * kHeads * kLora, q_pe.data() + s * kHeads * kRope, c, k, p,
+                                 out.data() + s * kHeads * kLora);
+      }
+    });
+    benchmark::DoNotOptimize(out.data());
+  });
+  const double bytes = static_cast<double>(sizeof(bf16)) * kSequences * keys * (kLora + kRope);
+  const double ops = 2.0 * kSequences * kHeads * keys * (kLora + kRope + kLora);
   ReportRoofline(state, seconds, bytes, ops, Limits().f32_gflops);
 }
 
@@ -105,6 +143,8 @@ void RegisterAttentionBenchmarks() {
     benchmark::RegisterBenchmark(name, BM_PromptAttention, bf16, isa)
         ->ArgName("tokens")->UseRealTime()->MinTime(0.2)->Arg(512)->Arg(2048);
   }
+  benchmark::RegisterBenchmark("LatentAttention/decode_batch_32", BM_LatentAttentionDecodeBatch)
+      ->ArgName("keys")->UseRealTime()->MinTime(0.2)->Arg(160)->Arg(1024);
   // The scalar fallback, for scale.
   Register("bf16_cache/amla/generic", BM_LatentAttention<bf16>, SoftmaxRescale::kAmla, kernels::cpu::Isa::kGeneric,
            {1024});

@@ -48,6 +48,41 @@ MOE_AMX_AVX512 inline __m512 Widen(__m256i x) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(x), 16));
 }
 
+// Stores the 16 x 16 dwords of x (row n: x[n]) transposed: row i of `out` (16 dwords) holds dword
+// i of every x[n], in order of n.
+MOE_AMX_AVX512 inline void StoreTransposed(__m512i (&x)[kAmxRows], bf16* out) {
+  __m512i a[kAmxRows], c[kAmxRows];
+  // Interleaving dwords of row pairs, then qwords of those: lane L of a[4g + m] holds dword
+  // 4L + m of rows 4g..4g+3.
+  for (int j = 0; j < kAmxRows; j += 2) {
+    c[j] = _mm512_unpacklo_epi32(x[j], x[j + 1]);
+    c[j + 1] = _mm512_unpackhi_epi32(x[j], x[j + 1]);
+  }
+  for (int j = 0; j < kAmxRows; j += 4) {
+    a[j] = _mm512_unpacklo_epi64(c[j], c[j + 2]);
+    a[j + 1] = _mm512_unpackhi_epi64(c[j], c[j + 2]);
+    a[j + 2] = _mm512_unpacklo_epi64(c[j + 1], c[j + 3]);
+    a[j + 3] = _mm512_unpackhi_epi64(c[j + 1], c[j + 3]);
+  }
+  // Two rounds of lane selection put lane L of a[m], a[4 + m], a[8 + m], a[12 + m] (row groups
+  // 0-3) side by side: row 4L + m of the output. First the even and odd lanes of group pairs:
+  // c[m] = (g0, g1) of dwords m and 8 + m, c[4 + m] the same of 4 + m and 12 + m, c[8 + m] and
+  // c[12 + m] likewise of groups 2 and 3.
+  for (int m = 0; m < 4; ++m) {
+    c[m] = _mm512_shuffle_i32x4(a[m], a[4 + m], 0x88);
+    c[4 + m] = _mm512_shuffle_i32x4(a[m], a[4 + m], 0xdd);
+    c[8 + m] = _mm512_shuffle_i32x4(a[8 + m], a[12 + m], 0x88);
+    c[12 + m] = _mm512_shuffle_i32x4(a[8 + m], a[12 + m], 0xdd);
+  }
+  for (int m = 0; m < 4; ++m) {
+    constexpr int64_t kRow = 2 * kAmxRows;  // BF16 values in 16 dwords
+    _mm512_storeu_si512(out + m * kRow, _mm512_shuffle_i32x4(c[m], c[8 + m], 0x88));
+    _mm512_storeu_si512(out + (8 + m) * kRow, _mm512_shuffle_i32x4(c[m], c[8 + m], 0xdd));
+    _mm512_storeu_si512(out + (4 + m) * kRow, _mm512_shuffle_i32x4(c[4 + m], c[12 + m], 0x88));
+    _mm512_storeu_si512(out + (12 + m) * kRow, _mm512_shuffle_i32x4(c[4 + m], c[12 + m], 0xdd));
+  }
+}
+
 class AmxKeyTileKernel final : public KeyTileKernel {
  public:
   AmxKeyTileKernel(const LatentAttentionParams& p, int64_t max_rows)
@@ -69,26 +104,30 @@ class AmxKeyTileKernel final : public KeyTileKernel {
     // Block b, step s, part (high, low): row i of the tile holds, for each query row n of the
     // block, its values 32 s + 2i and 32 s + 2i + 1 as one dword, at column n; the high part is the
     // value rounded to BF16, the low part what that left, rounded again. Columns past the last row
-    // are zero.
-    const int64_t blocks = CeilDiv(rows, kAmxRows), block_values = steps_ * 2 * kAmxTileValues;
-    if (rows % kAmxRows != 0) {
-      std::fill(queries_.begin() + (blocks - 1) * block_values, queries_.begin() + blocks * block_values, bf16{});
-    }
-    const __m512i tile_rows = _mm512_mullo_epi32(
-        _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(kAmxRows));
-    for (int64_t r = 0; r < rows; ++r) {
-      const float* row = q + r * layout_.dim;
-      bf16* block = queries_.data() + r / kAmxRows * block_values + r % kAmxRows * 2;
+    // are zero. Each query row's 16 dwords of a step are one register; a block's 16 registers
+    // transposed are the tile.
+    const int64_t block_values = steps_ * 2 * kAmxTileValues;
+    for (int64_t b = 0; b < CeilDiv(rows, kAmxRows); ++b) {
       for (int64_t s = 0; s < steps_; ++s) {
         const int64_t i = s * kAmxK;
-        const __m512 x0 = _mm512_loadu_ps(row + i);
-        const __m512 x1 = i + 16 < layout_.dim ? _mm512_loadu_ps(row + i + 16) : _mm512_setzero_ps();
-        const __m256i h0 = RoundToBf16(x0), h1 = RoundToBf16(x1);
-        const __m256i l0 = RoundToBf16(_mm512_sub_ps(x0, Widen(h0))), l1 = RoundToBf16(_mm512_sub_ps(x1, Widen(h1)));
-        bf16* tile = block + 2 * s * kAmxTileValues;
-        _mm512_i32scatter_epi32(tile, tile_rows, _mm512_inserti64x4(_mm512_castsi256_si512(h0), h1, 1), 4);
-        _mm512_i32scatter_epi32(tile + kAmxTileValues, tile_rows,
-                                _mm512_inserti64x4(_mm512_castsi256_si512(l0), l1, 1), 4);
+        __m512i high[kAmxRows], low[kAmxRows];
+        for (int64_t n = 0; n < kAmxRows; ++n) {
+          const int64_t r = b * kAmxRows + n;
+          if (r >= rows) {
+            high[n] = low[n] = _mm512_setzero_si512();
+            continue;
+          }
+          const float* row = q + r * layout_.dim;
+          const __m512 x0 = _mm512_loadu_ps(row + i);
+          const __m512 x1 = i + 16 < layout_.dim ? _mm512_loadu_ps(row + i + 16) : _mm512_setzero_ps();
+          const __m256i h0 = RoundToBf16(x0), h1 = RoundToBf16(x1);
+          const __m256i l0 = RoundToBf16(_mm512_sub_ps(x0, Widen(h0))), l1 = RoundToBf16(_mm512_sub_ps(x1, Widen(h1)));
+          high[n] = _mm512_inserti64x4(_mm512_castsi256_si512(h0), h1, 1);
+          low[n] = _mm512_inserti64x4(_mm512_castsi256_si512(l0), l1, 1);
+        }
+        bf16* tile = queries_.data() + b * block_values + 2 * s * kAmxTileValues;
+        StoreTransposed(high, tile);
+        StoreTransposed(low, tile + kAmxTileValues);
       }
     }
   }
