@@ -26,7 +26,7 @@ TEST(Tensor, BuffersAreZeroedAndCacheLineAligned) {
   }
 }
 
-TEST(Tensor, ForOverwriteHasTheShapeAndAlignmentButNoFill) {
+TEST(Tensor, ForOverwriteHasTheShapeAndAlignment) {
   for (int64_t n : {int64_t{0}, int64_t{3}, (int64_t{5} << 20) + 123}) {
     Tensor t = Tensor::ForOverwrite(DType::kF32, {2, n});
     EXPECT_EQ(t.shape(), (Shape{2, n}));

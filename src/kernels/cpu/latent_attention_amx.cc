@@ -74,8 +74,8 @@ MOE_AMX_AVX512 inline void StoreTransposed(__m512i (&x)[kAmxRows], bf16* out) {
     c[8 + m] = _mm512_shuffle_i32x4(a[8 + m], a[12 + m], 0x88);
     c[12 + m] = _mm512_shuffle_i32x4(a[8 + m], a[12 + m], 0xdd);
   }
+  constexpr int64_t kRow = 2 * kAmxRows;  // BF16 values in 16 dwords
   for (int m = 0; m < 4; ++m) {
-    constexpr int64_t kRow = 2 * kAmxRows;  // BF16 values in 16 dwords
     _mm512_storeu_si512(out + m * kRow, _mm512_shuffle_i32x4(c[m], c[8 + m], 0x88));
     _mm512_storeu_si512(out + (8 + m) * kRow, _mm512_shuffle_i32x4(c[m], c[8 + m], 0xdd));
     _mm512_storeu_si512(out + (4 + m) * kRow, _mm512_shuffle_i32x4(c[4 + m], c[12 + m], 0x88));
