@@ -22,6 +22,8 @@ import subprocess
 import sys
 import tempfile
 
+from e2e import BENCH_OFFLINE_ENGINE
+
 # name: (run, figure, unit)
 CASES = {
     "c1": ({"num_requests": 1, "input_len": 128, "output_len": 64, "concurrency": 1}, "median_decode_step_ms",
@@ -37,13 +39,16 @@ REPEATS = 3
 def run(binary, model, case, runs_file):
     """The case's figure in each of the process's repeats."""
     cmd = [binary, "bench-offline", "--model", model, "--dtype", "w8a8", "--runs", runs_file, "--json",
-           "--kv-cache-memory", "0.25", "--max-num-batched-tokens", "2048", "--max-num-seqs", "64"]
+           *BENCH_OFFLINE_ENGINE]
     p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     if p.returncode != 0:
         sys.exit(f"ab.py: {' '.join(cmd)} failed ({p.returncode}):\n{p.stderr[-2000:]}")
     figure = CASES[case][1]
-    return [r[figure] for r in map(json.loads, (l for l in p.stdout.splitlines() if l.startswith("{")))
-            if r.get("name") == case]
+    figures = [r[figure] for r in map(json.loads, (l for l in p.stdout.splitlines() if l.startswith("{")))
+               if r.get("name") == case]
+    if not figures:
+        sys.exit(f"ab.py: {' '.join(cmd)} printed no result for {case}")
+    return figures
 
 
 def main():
@@ -55,6 +60,8 @@ def main():
     args = ap.parse_args()
     if len(args.binaries) < 2:
         ap.error("give at least two binaries to compare")
+    if args.rounds < 1:
+        ap.error("--rounds must be at least 1")
     model = os.path.join(args.build, "models", "bench-3b")
     if not os.path.isfile(os.path.join(model, "config.json")):
         sys.exit(f"ab.py: no bench model at {model} (bench/e2e.py makes it)")

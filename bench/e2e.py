@@ -297,14 +297,17 @@ class Gate:
         return False
 
 
+# The engine settings of every bench-offline run here (and of bench/ab.py's).
+BENCH_OFFLINE_ENGINE = ["--kv-cache-memory", "0.25", "--max-num-batched-tokens", "2048", "--max-num-seqs", "64"]
+
+
 def run_bench_offline(exe, model, dtype, runs, env, workdir, sampler, tag="", gate=True):
     runs_file = os.path.join(workdir, f"runs-{dtype}{tag}.json")
     with open(runs_file, "w") as f:
         json.dump(runs, f, indent=1)
     pause = os.path.join(workdir, "pause")
     cmd = [exe, "bench-offline", "--model", model, "--dtype", dtype, "--runs", runs_file, "--json",
-           "--kv-cache-memory", "0.25", "--max-num-batched-tokens", "2048", "--max-num-seqs", "64",
-           *(["--pause-file", pause] if gate else [])]
+           *BENCH_OFFLINE_ENGINE, *(["--pause-file", pause] if gate else [])]
     log(" ".join(cmd))
     stderr_path = os.path.join(workdir, f"bench-offline-{dtype}{tag}.log")
     results = []
