@@ -3,6 +3,7 @@
 #include <omp.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <thread>
 
@@ -24,6 +25,13 @@ void ThreadPool::ParallelFor(int64_t n, const std::function<void(int64_t, int64_
       if (begin < end) fn(begin, end);
     }
   }
+}
+
+void ThreadPool::ParallelForEach(int64_t n, const std::function<void(int64_t)>& fn) const {
+  std::atomic<int64_t> next = 0;
+  ParallelFor(std::min<int64_t>(num_threads_, n), [&](int64_t, int64_t) {
+    for (int64_t i = next++; i < n; i = next++) fn(i);
+  });
 }
 
 const ThreadPool& DefaultThreadPool() {

@@ -19,6 +19,11 @@ class ThreadPool {
   // from inside another parallel loop, it runs every range on the calling thread.
   void ParallelFor(int64_t n, const std::function<void(int64_t, int64_t)>& fn) const;
 
+  // Runs fn(i) for every i in [0, n), each thread taking the next index as soon as it is free, in
+  // increasing order: for items of uneven cost, or when the cores' speeds vary (a shared machine),
+  // where fixed ranges leave threads waiting. Nested, like ParallelFor, it runs on the caller.
+  void ParallelForEach(int64_t n, const std::function<void(int64_t)>& fn) const;
+
  private:
   int num_threads_;
 };
@@ -28,6 +33,10 @@ const ThreadPool& DefaultThreadPool();
 
 inline void ParallelFor(int64_t n, const std::function<void(int64_t, int64_t)>& fn) {
   DefaultThreadPool().ParallelFor(n, fn);
+}
+
+inline void ParallelForEach(int64_t n, const std::function<void(int64_t)>& fn) {
+  DefaultThreadPool().ParallelForEach(n, fn);
 }
 
 }  // namespace moe

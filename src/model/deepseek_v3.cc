@@ -2,8 +2,10 @@
 
 #include <algorithm>
 #include <cstring>
+#include <memory>
 #include <vector>
 
+#include "base/thread_pool.h"
 #include "kernels/kernels.h"
 #include "model/mlp.h"
 
@@ -63,33 +65,37 @@ void DeepseekV3Model::Block(const LayerWeights& layer, Tensor& h, std::span<cons
                             LayerKvCache& cache, int64_t block_size, ExpertBackend& experts) const {
   const int64_t hidden = config_.hidden_size, n = h.dim(0) * hidden;
   const float eps = static_cast<float>(config_.rms_norm_eps);
-  std::vector<float> normed(n), delta(n);
+  // Every row of both is written (by the norms, and by attention and the MLP or experts) before
+  // it is read.
+  const auto normed = std::make_unique_for_overwrite<float[]>(n), delta = std::make_unique_for_overwrite<float[]>(n);
   float* x = h.data<float>();
   auto add_delta = [&](const MicroBatch& b) {
-    for (int64_t i = b.row_begin * hidden; i < (b.row_begin + b.rows) * hidden; ++i) x[i] += delta[i];
+    ParallelFor(b.rows, [&](int64_t begin, int64_t end) {
+      for (int64_t i = (b.row_begin + begin) * hidden; i < (b.row_begin + end) * hidden; ++i) x[i] += delta[i];
+    });
   };
 
   std::vector<std::unique_ptr<PendingExperts>> pending;
   for (const MicroBatch& b : batches) {
     const int64_t offset = b.row_begin * hidden;
     if (b.rows > 0) {
-      kernels::RmsNorm(x + offset, layer.input_norm.data<float>(), b.rows, hidden, eps, normed.data() + offset);
-      MlaForward(layer.attention, config_, rope_, normed.data() + offset, b.sequences, cache, block_size,
-                 delta.data() + offset);
+      kernels::RmsNorm(x + offset, layer.input_norm.data<float>(), b.rows, hidden, eps, normed.get() + offset);
+      MlaForward(layer.attention, config_, rope_, normed.get() + offset, b.sequences, cache, block_size,
+                 delta.get() + offset);
       add_delta(b);
       kernels::RmsNorm(x + offset, layer.post_attention_norm.data<float>(), b.rows, hidden, eps,
-                       normed.data() + offset);
+                       normed.get() + offset);
     }
     if (layer.moe) {
       // Every micro-batch, even an empty one, takes part in the experts' exchanges.
-      pending.push_back(StartMoe(*layer.moe, config_, experts, normed.data() + offset, b.rows));
+      pending.push_back(StartMoe(*layer.moe, config_, experts, normed.get() + offset, b.rows));
     } else {
-      MlpForward(*layer.dense, normed.data() + offset, b.rows, delta.data() + offset);
+      MlpForward(*layer.dense, normed.get() + offset, b.rows, delta.get() + offset);
       add_delta(b);
     }
   }
   for (size_t i = 0; i < pending.size(); ++i) {
-    pending[i]->Finish(delta.data() + batches[i].row_begin * hidden);
+    pending[i]->Finish(delta.get() + batches[i].row_begin * hidden);
     add_delta(batches[i]);
   }
 }

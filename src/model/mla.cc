@@ -103,13 +103,14 @@ void ExpandedAttention(const AttentionWeights& w, const ModelConfig& c, const fl
   kernels::Attention(q, k.get(), v.get(), p, out);
 }
 
-// fn(h, head_in, head_out) for every head, the threads splitting the heads, each thread with
+// fn(h, head_in, head_out) for every head, each thread taking the next head when it is free, with
 // buffers of in_floats and out_floats.
 void ForEachHead(int64_t heads, int64_t in_floats, int64_t out_floats,
                  const std::function<void(int64_t, float*, float*)>& fn) {
-  ParallelFor(heads, [&](int64_t begin, int64_t end) {
-    std::vector<float> head_in(in_floats), head_out(out_floats);
-    for (int64_t h = begin; h < end; ++h) fn(h, head_in.data(), head_out.data());
+  ParallelForEach(heads, [&](int64_t h) {
+    const auto head_in = std::make_unique_for_overwrite<float[]>(in_floats);
+    const auto head_out = std::make_unique_for_overwrite<float[]>(out_floats);
+    fn(h, head_in.get(), head_out.get());
   });
 }
 
@@ -249,8 +250,9 @@ void MlaForward(const AttentionWeights& w, const ModelConfig& c, const Rope& rop
                    s.block_table, block_size, o_lat.get() + r * heads * lora);
     }
   };
-  // A prompt's attention gets every thread; single-token (decode) sequences run one per thread,
-  // each too little work to split across threads (the kernels give the same bits either way).
+  // A prompt's attention gets every thread; single-token (decode) sequences run whole, each
+  // thread taking the next when it is free, each too little work to split across threads (the
+  // kernels give the same bits either way).
   std::vector<size_t> decodes;
   for (size_t i = 0; i < sequences.size(); ++i) {
     if (sequences[i].tokens == 1) {
@@ -259,9 +261,7 @@ void MlaForward(const AttentionWeights& w, const ModelConfig& c, const Rope& rop
       attend(i);
     }
   }
-  ParallelFor(static_cast<int64_t>(decodes.size()), [&](int64_t begin, int64_t end) {
-    for (int64_t j = begin; j < end; ++j) attend(decodes[j]);
-  });
+  ParallelForEach(static_cast<int64_t>(decodes.size()), [&](int64_t j) { attend(decodes[j]); });
   if (absorbed_rows > 0 && all_absorbed) {
     AbsorbOutputs(w, c, o_lat.get(), rows, attn.get());
   } else if (absorbed_rows > 0) {

@@ -41,5 +41,39 @@ TEST(ThreadPoolTest, RunsManyRoundsInARow) {
   EXPECT_EQ(sum.load(), 2000);
 }
 
+TEST(ThreadPoolTest, ForEachRunsEveryIndexExactlyOnce) {
+  ThreadPool pool(3);
+  for (int64_t n : {0, 1, 2, 3, 7, 1000}) {
+    std::vector<std::atomic<int>> hits(n);
+    pool.ParallelForEach(n, [&](int64_t i) { hits[i]++; });
+    for (int64_t i = 0; i < n; ++i) EXPECT_EQ(hits[i].load(), 1) << "n=" << n << " i=" << i;
+  }
+}
+
+TEST(ThreadPoolTest, ForEachHandsOutWorkToWhicheverThreadIsFree) {
+  // Item 0 blocks its thread until every other item has run: fixed halves would leave item 1 to
+  // that same thread and never finish; handed out one at a time, the other thread takes them all.
+  ThreadPool pool(2);
+  constexpr int64_t kItems = 8;
+  std::atomic<int64_t> done = 0;
+  pool.ParallelForEach(kItems, [&](int64_t i) {
+    if (i == 0) {
+      while (done.load() < kItems - 1) {
+      }
+    }
+    ++done;
+  });
+  EXPECT_EQ(done.load(), kItems);
+}
+
+TEST(ThreadPoolTest, ANestedForEachRunsWholeOnItsThread) {
+  ThreadPool pool(2);
+  std::vector<std::atomic<int>> hits(2 * 50);
+  pool.ParallelFor(2, [&](int64_t outer_begin, int64_t outer_end) {
+    for (int64_t o = outer_begin; o < outer_end; ++o) pool.ParallelForEach(50, [&](int64_t i) { hits[o * 50 + i]++; });
+  });
+  for (size_t i = 0; i < hits.size(); ++i) EXPECT_EQ(hits[i].load(), 1) << i;
+}
+
 }  // namespace
 }  // namespace moe
