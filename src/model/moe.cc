@@ -60,6 +60,26 @@ void MaskGroups(const ModelConfig& c, std::vector<double>& selection) {
   }
 }
 
+// One token's experts and weights from its router logits.
+void RouteToken(const ModelConfig& c, const float* logits, const float* score_bias, int32_t* expert_ids,
+                float* weights) {
+  const int64_t n = c.n_routed_experts, k = c.num_experts_per_tok;
+  const std::vector<double> scores = Scores(c, logits);
+  std::vector<double> selection = scores;
+  if (score_bias) {
+    for (int64_t e = 0; e < n; ++e) selection[e] += score_bias[e];
+  }
+  if (c.topk_method != TopkMethod::kGreedy && c.n_group > 1) MaskGroups(c, selection);
+  const std::vector<int32_t> chosen = TopK(selection, k);
+  double sum = 0;
+  for (int32_t e : chosen) sum += scores[e];
+  const double norm = c.norm_topk_prob ? sum : 1.0;
+  for (int64_t j = 0; j < k; ++j) {
+    expert_ids[j] = chosen[j];
+    weights[j] = static_cast<float>(scores[chosen[j]] / norm * c.routed_scaling_factor);
+  }
+}
+
 }  // namespace
 
 void Route(const ModelConfig& c, const float* logits, const float* score_bias, int64_t tokens,
@@ -67,20 +87,7 @@ void Route(const ModelConfig& c, const float* logits, const float* score_bias, i
   const int64_t n = c.n_routed_experts, k = c.num_experts_per_tok;
   ParallelFor(tokens, [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
-      const std::vector<double> scores = Scores(c, logits + t * n);
-      std::vector<double> selection = scores;
-      if (score_bias) {
-        for (int64_t e = 0; e < n; ++e) selection[e] += score_bias[e];
-      }
-      if (c.topk_method != TopkMethod::kGreedy && c.n_group > 1) MaskGroups(c, selection);
-      const std::vector<int32_t> chosen = TopK(selection, k);
-      double sum = 0;
-      for (int32_t e : chosen) sum += scores[e];
-      const double norm = c.norm_topk_prob ? sum : 1.0;
-      for (int64_t j = 0; j < k; ++j) {
-        expert_ids[t * k + j] = chosen[j];
-        weights[t * k + j] = static_cast<float>(scores[chosen[j]] / norm * c.routed_scaling_factor);
-      }
+      RouteToken(c, logits + t * n, score_bias, expert_ids + t * k, weights + t * k);
     }
   });
 }
