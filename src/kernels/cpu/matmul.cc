@@ -9,10 +9,8 @@
 // to kInt8GemvMaxRowsBesideAmx rows and Int8GemmAmx the rest, on the same layout, and oneDNN's is
 // never built.
 #include <algorithm>
-#include <bit>
 #include <cmath>
 #include <cstring>
-#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -23,6 +21,7 @@
 
 #include "base/int_math.h"
 #include "base/thread_pool.h"
+#include "kernels/cpu/argmax_candidates.h"
 #include "kernels/cpu/int8_gemv.h"
 #include "kernels/kernels.h"
 
@@ -267,51 +266,7 @@ void Matmul(const float* x, int64_t m, const Weight& weight, float* y) {
 
 namespace {
 
-// The columns of `first` (n values) that may hold a row's maximum once each gets its second part,
-// of magnitude at most margin_j = bound * row_norms[j]: those whose upper end first_j + margin_j
-// reaches the largest lower end first_j - margin_j. One pass finds that threshold and the largest
-// upper end of each block of 256 columns; blocks whose upper ends fall short are skipped whole.
-void MaxCandidates(const float* first, const float* row_norms, int64_t n, float bound, std::vector<int32_t>& out) {
-  constexpr int64_t kBlock = 256;
-  constexpr int kLanes = 16;  // running maxima the compiler keeps in vector registers
-  std::vector<float> block_upper(CeilDiv(n, kBlock));
-  float lower[kLanes];
-  std::fill_n(lower, kLanes, -std::numeric_limits<float>::infinity());
-  for (int64_t begin = 0; begin < n; begin += kBlock) {
-    const int64_t end = std::min(n, begin + kBlock);
-    float upper[kLanes];
-    std::fill_n(upper, kLanes, -std::numeric_limits<float>::infinity());
-    int64_t j = begin;
-    for (; j + kLanes <= end; j += kLanes) {
-      for (int l = 0; l < kLanes; ++l) {
-        const float f = first[j + l], margin = bound * row_norms[j + l];
-        lower[l] = std::max(lower[l], f - margin);
-        upper[l] = std::max(upper[l], f + margin);
-      }
-    }
-    for (; j < end; ++j) {
-      lower[0] = std::max(lower[0], first[j] - bound * row_norms[j]);
-      upper[0] = std::max(upper[0], first[j] + bound * row_norms[j]);
-    }
-    block_upper[begin / kBlock] = *std::max_element(upper, upper + kLanes);
-  }
-  const float threshold = *std::max_element(lower, lower + kLanes);
-  out.clear();
-  for (int64_t begin = 0; begin < n; begin += kBlock) {
-    if (block_upper[begin / kBlock] < threshold) continue;
-    for (int64_t j = begin; j < std::min(n, begin + kBlock); ++j) {
-      if (first[j] + bound * row_norms[j] >= threshold) out.push_back(static_cast<int32_t>(j));
-    }
-  }
-}
-
 int32_t FirstMax(const float* row, int64_t n) { return static_cast<int32_t>(std::max_element(row, row + n) - row); }
-
-int32_t DotInt8(const int8_t* a, const int8_t* b, int64_t k) {
-  int32_t sum = 0;
-  for (int64_t p = 0; p < k; ++p) sum += int32_t{a[p]} * int32_t{b[p]};
-  return sum;
-}
 
 }  // namespace
 
@@ -320,8 +275,9 @@ Tensor I8RowNorms(const TensorView& w, const float* row_scales) {
   const int64_t n = w.dim(0), k = w.dim(1);
   const int8_t* q = w.as<int8_t>();
   Tensor norms = Tensor::F32({n});
+  const cpu::Isa isa = cpu::BestArgmaxIsa();
   for (int64_t j = 0; j < n; ++j) {
-    const int32_t squares = DotInt8(q + j * k, q + j * k, k);
+    const int32_t squares = cpu::DotInt8(isa, q + j * k, q + j * k, k);
     // Rounded up, well past the few ulps the double arithmetic may be short by.
     norms.data<float>()[j] = static_cast<float>(std::sqrt(static_cast<double>(squares)) * row_scales[j] * (1 + 0x1p-20));
   }
@@ -359,6 +315,7 @@ void MatmulTwoPart(const float* x, int64_t m, const Weight& weight, float* y, co
   const auto buffer = std::make_unique_for_overwrite<float[]>(gemm_rows > m ? gemm_rows * n : 0);
   float* products = gemm_rows > m ? buffer.get() : y;
   Execute(input.get(), input_scales.get(), gemm_rows, weight, products);
+  const cpu::Isa isa = cpu::BestArgmaxIsa();
   // A flagged row's maximum survives. Column j's second part, computed as for an unflagged row, is
   // at most b_j = bound * row_norms[j] in magnitude (Cauchy-Schwarz, the 2^-10 covering every
   // rounding on the way), so its sum with the first part f_j lies, rounding being monotonic,
@@ -378,13 +335,12 @@ void MatmulTwoPart(const float* x, int64_t m, const Weight& weight, float* y, co
       }
       const int8_t* low = parts.get() + (m + i) * k;
       const float low_scale = scales[m + i];
-      const auto bound =
-          static_cast<float>(std::sqrt(static_cast<double>(DotInt8(low, low, k))) * low_scale * (1 + 0x1p-10));
-      MaxCandidates(first, row_norms, n, bound, candidates);
+      const double low_norm = std::sqrt(static_cast<double>(cpu::DotInt8(isa, low, low, k)));
+      const auto bound = static_cast<float>(low_norm * low_scale * (1 + 0x1p-10));
+      cpu::MaxCandidates(isa, first, row_norms, n, bound, candidates);
       if (row != first) std::copy(first, first + n, row);
       for (const int32_t j : candidates) {
-        const float part = static_cast<float>(DotInt8(low, plain + j * k, k)) * low_scale * weight.row_scales[j];
-        row[j] += part;
+        row[j] += static_cast<float>(cpu::DotInt8(isa, low, plain + j * k, k)) * low_scale * weight.row_scales[j];
       }
       // Every other column is below the threshold, which a candidate reaches.
       if (first_max) {
