@@ -528,6 +528,10 @@ void BatchInvariantMatmul(bool native, SumOrder order, const float* x, int64_t m
   if (w.dtype == DType::kBF16 && order == SumOrder::kAmxTiles) {
     return RunAmx(native, x, m, static_cast<const bf16*>(w.data), n, k, y);
   }
+  // F32 rows that need no padding (the router's) are read where they are.
+  if (w.dtype == DType::kF32 && stride == k) {
+    return Run(native, Operands<float>{x, m, stride, static_cast<const float*>(w.data), n, k}, y);
+  }
   // The activations, rounded to BF16 for BF16 weights as Matmul does, in rows padded with zeros.
   std::vector<float> xp(m * stride, 0.0f);
   for (int64_t r = 0; r < m; ++r) {
