@@ -41,8 +41,8 @@ uint64_t SumGeneric(const uint64_t* p, int64_t n) {
 #if defined(__x86_64__)
 __attribute__((target("avx512f"))) uint64_t SumAvx512(const uint64_t* p, int64_t n) {
   // Four accumulators, each over its own quarter of the slice: a thread reading from four places at
-  // once gets more from memory on the machines measured than from one (~31 against ~27 GB/s on two
-  // threads of the AMX Xeon, bench/RESULTS.md), and the kernels read their weights that way.
+  // once gets more from memory on the machines measured than from one (31.2-32.1 against 29.0-29.2
+  // GB/s on two threads of the AMX Xeon, bench/RESULTS.md), and Int8Gemv reads its weights so.
   const int64_t quarter = n / 32 * 8;
   const uint64_t* q[4] = {p, p + quarter, p + 2 * quarter, p + 3 * quarter};
   __m512i a0 = _mm512_setzero_si512(), a1 = a0, a2 = a0, a3 = a0;
