@@ -1,5 +1,8 @@
 #include "base/cpu_features.h"
 
+#include <cstdio>
+#include <cstdlib>
+
 #if defined(__x86_64__)
 #include <cpuid.h>
 #include <sys/syscall.h>
@@ -43,6 +46,21 @@ std::string CpuFeatures::ToString() const {
   return s.empty() ? "generic" : s;
 }
 
+std::optional<IsaTier> ParseIsaTier(std::string_view name) {
+  if (name == "generic") return IsaTier::kGeneric;
+  if (name == "avx2") return IsaTier::kAvx2;
+  if (name == "avx512") return IsaTier::kAvx512;
+  if (name == "amx") return IsaTier::kAmx;
+  return std::nullopt;
+}
+
+CpuFeatures CapFeatures(CpuFeatures f, IsaTier cap) {
+  if (cap < IsaTier::kAmx) f.amx_bf16 = f.amx_int8 = false;
+  if (cap < IsaTier::kAvx512) f.avx512f = f.avx512bw = f.avx512vnni = f.avx512bf16 = false;
+  if (cap < IsaTier::kAvx2) f.avx2 = f.fma = f.avxvnni = false;
+  return f;
+}
+
 const CpuFeatures& GetCpuFeatures() {
   static const CpuFeatures features = [] {
     CpuFeatures f;
@@ -61,7 +79,14 @@ const CpuFeatures& GetCpuFeatures() {
     f.amx_bf16 = HasAmx(22);
     f.amx_int8 = HasAmx(25);
 #endif
-    return f;
+    const char* cap = std::getenv("MOE_MAX_ISA");
+    if (cap == nullptr || *cap == '\0') return f;
+    const std::optional<IsaTier> tier = ParseIsaTier(cap);
+    if (!tier) {
+      std::fprintf(stderr, "MOE_MAX_ISA=%s: expected generic, avx2, avx512 or amx\n", cap);
+      std::exit(2);
+    }
+    return CapFeatures(f, *tier);
   }();
   return features;
 }

@@ -1,7 +1,9 @@
 // The x86-64 ISA extensions the kernels choose between, detected once at start-up.
 #pragma once
 
+#include <optional>
 #include <string>
+#include <string_view>
 
 namespace moe {
 
@@ -21,6 +23,18 @@ struct CpuFeatures {
   std::string ToString() const;
 };
 
+// The instruction-set tiers the kernels come in, lowest first.
+enum class IsaTier { kGeneric, kAvx2, kAvx512, kAmx };
+
+// Parses a MOE_MAX_ISA value: "generic", "avx2", "avx512" or "amx". Empty: nullopt.
+std::optional<IsaTier> ParseIsaTier(std::string_view name);
+
+// `detected` with every feature above `cap` cleared: the kernels, and oneDNN, then run as on a CPU
+// that has no more (the way to run and test a lower tier's kernels on a machine that has more).
+CpuFeatures CapFeatures(CpuFeatures detected, IsaTier cap);
+
+// What the CPU has, detected once, capped by the environment variable MOE_MAX_ISA if set (an
+// unknown value stops the process with a message naming it).
 const CpuFeatures& GetCpuFeatures();
 
 }  // namespace moe

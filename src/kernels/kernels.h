@@ -12,7 +12,8 @@ namespace moe::kernels {
 // A [n, k] weight matrix: F32, BF16, or I8 with one dequantization scale per row (output channel).
 // `packed` and `gemv_packed`, when set, are the same I8 weight as PackMatmulWeight and
 // PackGemvWeight lay it out, which Matmul then reads instead of `data`: the first for many rows,
-// the second for a few, or for every row count where AMX-INT8 runs the shape (NeedsMatmulPacking).
+// the second for a few, or for every row count where Int8Gemv and AMX-INT8, or Int8Gemv alone (AVX-VNNI
+// on AVX2), serve every batch (NeedsMatmulPacking).
 struct Weight {
   Weight(const TensorView& data, const float* row_scales = nullptr,  // NOLINT: implicit by design
          const void* packed = nullptr, const void* gemv_packed = nullptr)
@@ -39,6 +40,9 @@ Tensor PackGemvWeight(const TensorView& w);
 // y[m, n] = x[m, k] · w^T. BF16 weights take activations rounded to BF16; I8 weights take
 // activations quantized per row by QuantizeRows (A8W8), accumulate in INT32 and scale in FP32.
 void Matmul(const float* x, int64_t m, const Weight& w, float* y);
+
+// Whether Matmul runs BF16 weights here: oneDNN 2.6 has no BF16 matmul below AVX-512.
+bool Bf16MatmulSupported();
 
 // Matmul of I8 weights with activations QuantizeRows already made (e.g. on another rank): the
 // same result as Matmul of the rows they came from.

@@ -1,5 +1,5 @@
-// Int8Gemv's INT32 products (and Int8GemvScaled's F32 ones) against a scalar loop, to the bit, on odd
-// shapes and extreme values; and Matmul of I8 weights, which runs Int8Gemv for a few rows and oneDNN
+// Int8Gemv's INT32 products (and Int8GemvScaled's F32 ones), on every instruction set the CPU runs,
+// against a scalar loop, to the bit, on odd shapes and extreme values; and Matmul of I8 weights, which runs Int8Gemv for a few rows and oneDNN
 // for more, giving a row the same bits whatever the batch around it and whichever layouts the weight
 // comes in.
 #include <algorithm>
@@ -17,6 +17,10 @@
 
 namespace moe::kernels {
 namespace {
+
+// Rows past every count where Matmul leaves Int8Gemv for another kernel (kInt8GemvMaxRowsBesideAmx,
+// kInt8GemvMaxRows, kInt8GemvMaxRowsAvx2).
+constexpr int64_t kPastGemvRows = cpu::kInt8GemvMaxRowsAvx2 + 3;
 
 std::vector<int8_t> RandomInt8(int64_t count, uint32_t seed, int lo, int hi) {
   std::mt19937 rng(seed);
@@ -39,31 +43,54 @@ std::vector<int32_t> ScalarProducts(const std::vector<int8_t>& x, int64_t m, con
   return y;
 }
 
+const char* GemvIsaName(cpu::GemvIsa isa) {
+  switch (isa) {
+    case cpu::GemvIsa::kAvx2: return "avx2";
+    case cpu::GemvIsa::kAvxVnni: return "avx-vnni";
+    case cpu::GemvIsa::kAvx512Vnni: return "avx512-vnni";
+  }
+  return "?";
+}
+
+std::vector<cpu::GemvIsa> SupportedGemvIsas() {
+  std::vector<cpu::GemvIsa> isas;
+  for (cpu::GemvIsa isa : {cpu::GemvIsa::kAvx2, cpu::GemvIsa::kAvxVnni, cpu::GemvIsa::kAvx512Vnni}) {
+    if (cpu::GemvIsaSupported(isa)) isas.push_back(isa);
+  }
+  return isas;
+}
+
+// Int8Gemv and Int8GemvScaled on every instruction set the CPU runs against the scalar products.
 void ExpectProductsExact(const std::vector<int8_t>& x, int64_t m, const std::vector<int8_t>& w, int64_t n, int64_t k) {
   std::vector<uint8_t> packed(cpu::Int8GemvPackedBytes(n, k));
   cpu::PackInt8Gemv(w.data(), n, k, packed.data());
-  std::vector<int32_t> y(m * n);
-  cpu::Int8Gemv(x.data(), m, packed.data(), n, k, y.data());
   const std::vector<int32_t> want = ScalarProducts(x, m, w, n, k);
-  for (int64_t i = 0; i < m * n; ++i) {
-    ASSERT_EQ(y[i], want[i]) << "m " << m << " n " << n << " k " << k << " at row " << i / n << " column " << i % n;
-  }
-  // Scaled: each product times its row's and its column's scale, in that order, to the bit.
-  std::vector<float> x_scales(m), w_scales(n), scaled(m * n);
+  std::vector<float> x_scales(m), w_scales(n);
   for (int64_t i = 0; i < m; ++i) x_scales[i] = 0.01f + 0.003f * static_cast<float>(i);
   for (int64_t j = 0; j < n; ++j) w_scales[j] = 0.02f - 0.0001f * static_cast<float>(j);
-  cpu::Int8GemvScaled(x.data(), x_scales.data(), m, packed.data(), n, k, w_scales.data(), scaled.data());
-  for (int64_t i = 0; i < m * n; ++i) {
-    const float expected = static_cast<float>(want[i]) * x_scales[i / n] * w_scales[i % n];
-    ASSERT_EQ(std::memcmp(&scaled[i], &expected, sizeof(float)), 0)
-        << "m " << m << " n " << n << " k " << k << " at row " << i / n << " column " << i % n;
+  for (cpu::GemvIsa isa : SupportedGemvIsas()) {
+    std::vector<int32_t> y(m * n);
+    cpu::Int8Gemv(isa, x.data(), m, packed.data(), n, k, y.data());
+    for (int64_t i = 0; i < m * n; ++i) {
+      ASSERT_EQ(y[i], want[i]) << GemvIsaName(isa) << ": m " << m << " n " << n << " k " << k << " at row " << i / n
+                               << " column " << i % n;
+    }
+    // Scaled: each product times its row's and its column's scale, in that order, to the bit.
+    std::vector<float> scaled(m * n);
+    cpu::Int8GemvScaled(isa, x.data(), x_scales.data(), m, packed.data(), n, k, w_scales.data(), scaled.data());
+    for (int64_t i = 0; i < m * n; ++i) {
+      const float expected = static_cast<float>(want[i]) * x_scales[i / n] * w_scales[i % n];
+      ASSERT_EQ(std::memcmp(&scaled[i], &expected, sizeof(float)), 0)
+          << GemvIsaName(isa) << ": m " << m << " n " << n << " k " << k << " at row " << i / n << " column "
+          << i % n;
+    }
   }
 }
 
 class Int8GemvTest : public testing::TestWithParam<std::tuple<int64_t, int64_t>> {
  protected:
   void SetUp() override {
-    if (!cpu::Int8GemvSupported()) GTEST_SKIP() << "this CPU lacks AVX-512 VNNI, which Int8Gemv needs";
+    if (!cpu::Int8GemvSupported()) GTEST_SKIP() << "this CPU has neither AVX2 nor AVX-512 VNNI";
   }
 };
 
@@ -84,7 +111,7 @@ INSTANTIATE_TEST_SUITE_P(Shapes, Int8GemvTest,
 // The largest products, each sign; all-zero rows of x and w; and a k long enough for the biased
 // sums (w + 128) * x to come near INT32's limit.
 TEST(Int8GemvExtremesTest, MatchesScalarProductsExactly) {
-  if (!cpu::Int8GemvSupported()) GTEST_SKIP() << "this CPU lacks AVX-512 VNNI, which Int8Gemv needs";
+  if (!cpu::Int8GemvSupported()) GTEST_SKIP() << "this CPU has neither AVX2 nor AVX-512 VNNI";
   for (int64_t k : {1, 65, 2048, 65536}) {
     const int64_t m = 5, n = 6;
     std::vector<int8_t> x(m * k), w(n * k);
@@ -143,8 +170,8 @@ TEST(Int8GemmAmxTest, MatchesScalarProductsExactly) {
 }
 
 // Matmul gives a row the same bits alone and at every place in a batch of every size up to past
-// kInt8GemvMaxRows, where oneDNN or Int8GemmAmx takes over, with the weight plain, packed for
-// oneDNN, for both, or, where AMX-INT8 runs the shape, held only as Int8Gemv lays it out.
+// every count where oneDNN or Int8GemmAmx takes over, with the weight plain, packed for
+// oneDNN, for both, or, where that layout serves every batch, held only as Int8Gemv lays it out.
 TEST(Int8MatmulTest, RowsDoNotDependOnTheBatch) {
   for (const auto& [n, k] : {std::pair<int64_t, int64_t>{37, 130}, {64, 2048}, {130, 66}}) {
     const RandomInt8Weight w(n, k, 11);
@@ -157,7 +184,7 @@ TEST(Int8MatmulTest, RowsDoNotDependOnTheBatch) {
       weights.emplace_back(TensorView{nullptr, DType::kI8, {n, k}}, w.scales.data(), nullptr,
                            gemv_packed.data<int8_t>());
     }
-    const int64_t max_rows = cpu::kInt8GemvMaxRows + 3;
+    const int64_t max_rows = kPastGemvRows;
     const std::vector<float> x = Random(max_rows * k, 12);
     std::vector<float> alone(max_rows * n);
     for (int64_t r = 0; r < max_rows; ++r) Matmul(x.data() + r * k, 1, plain, alone.data() + r * n);
@@ -180,7 +207,7 @@ TEST(Int8MatmulTest, RowsDoNotDependOnTheBatch) {
 // or oneDNN by the batch's size), and within 2^-13 of the exact products with the INT8 weight --
 // where one INT8 part of the activations (Matmul) is off by ~2^-7.
 TEST(Int8MatmulTest, TwoPartRowsAreExactToFourteenBitsAndBatchInvariant) {
-  const int64_t n = 53, k = 300, max_rows = cpu::kInt8GemvMaxRows + 3;
+  const int64_t n = 53, k = 300, max_rows = kPastGemvRows;
   const RandomInt8Weight w(n, k, 21);
   const Tensor packed = PackMatmulWeight(w.view()), gemv_packed = PackGemvWeight(w.view());
   const Weight weight(w.view(), w.scales.data(), packed.data<int8_t>(),
@@ -230,7 +257,7 @@ TEST(Int8MatmulTest, RowNormsBoundTheDequantizedRows) {
 // the batch. The weight has exact and near ties at the top: rows 7 and 500 equal (the maximum
 // must stay at 7), row 501 one unit less in one place.
 TEST(Int8MatmulTest, ArgmaxRowsKeepTheirMaximumToTheBit) {
-  const int64_t n = 1000, k = 301, m = cpu::kInt8GemvMaxRows + 4;
+  const int64_t n = 1000, k = 301, m = kPastGemvRows + 1;
   RandomInt8Weight w(n, k, 51);
   w.q[7 * k + 3] = 100;
   for (const int64_t j : {500, 501}) {

@@ -14,9 +14,29 @@ inline constexpr int64_t kInt8GemvMaxRows = 16;
 // The same where the weight runs on AMX-INT8 tiles (Int8GemmAmxSupported): on an AMX Xeon, 2 threads, Int8GemmAmx's 16-row tasks about match Int8Gemv at 4 rows and run
 // 1.1x faster at 8, 1.4x at 16 (bench/RESULTS.md).
 inline constexpr int64_t kInt8GemvMaxRowsBesideAmx = 8;
+// The same on AVX2 without AVX-512, where oneDNN 2.6's INT8 GEMM repacks the weight on every call:
+// on the AMX Xeon capped to AVX2 (MOE_MAX_ISA=avx2), 2 threads, 2048 x 2048, Int8Gemv with AVX-VNNI
+// ran 400-515 GOP/s at 16-512 rows against oneDNN's 25-307, so it takes every batch; widened to 16
+// bits (no AVX-VNNI), 121-137 against 27-307, ahead up to 64 rows (bench/RESULTS.md).
+inline constexpr int64_t kInt8GemvMaxRowsAvx2 = 64;
 
-// Whether the CPU has what Int8Gemv needs: AVX-512F, AVX-512BW and AVX512_VNNI.
+// How many rows Matmul gives Int8Gemv at most for a weight of n x k: one of the above for the
+// CPU's best Int8Gemv, or every batch (INT64_MAX) where AVX-VNNI runs it on AVX2. Needs
+// Int8GemvSupported().
+int64_t Int8GemvMaxRowsFor(int64_t n, int64_t k);
+
+// The instruction sets Int8Gemv comes in, the same products to the bit on each: AVX2 alone
+// (bytes widened to 16 bits), AVX2 with AVX-VNNI (VPDPBUSD on 256 bits), AVX-512 VNNI.
+enum class GemvIsa { kAvx2, kAvxVnni, kAvx512Vnni };
+
+bool GemvIsaSupported(GemvIsa isa);
+
+// Whether the CPU runs Int8Gemv at all: AVX2, or AVX-512F, AVX-512BW and AVX512_VNNI.
 bool Int8GemvSupported();
+
+// The fastest Int8Gemv the CPU runs, the one the calls without an ISA take. Needs
+// Int8GemvSupported().
+GemvIsa BestGemvIsa();
 
 // The bytes of an [n, k] I8 weight as PackInt8Gemv lays it out: n rounded up to 64, k to 4.
 int64_t Int8GemvPackedBytes(int64_t n, int64_t k);
@@ -26,14 +46,19 @@ int64_t Int8GemvPackedBytes(int64_t n, int64_t k);
 void PackInt8Gemv(const int8_t* w, int64_t n, int64_t k, uint8_t* packed);
 
 // y[i, j] = sum over p of x[i, p] * w[j, p], in INT32, for x [m, k] row-major and w [n, k] as
-// PackInt8Gemv laid it out: exact for any values and k up to 2^16. Needs Int8GemvSupported().
+// PackInt8Gemv laid it out: exact for any values and k up to 2^16, on BestGemvIsa(). Needs
+// Int8GemvSupported().
 void Int8Gemv(const int8_t* x, int64_t m, const uint8_t* packed, int64_t n, int64_t k, int32_t* y);
+// The same on a named instruction set (tests and benchmarks run each); it must be supported.
+void Int8Gemv(GemvIsa isa, const int8_t* x, int64_t m, const uint8_t* packed, int64_t n, int64_t k, int32_t* y);
 
 // Int8Gemv's products dequantized: y[i, j] = float(product) * x_scales[i] * w_scales[j], in that
 // order, the same bits as Matmul's epilogue gives oneDNN's products; done per block of columns
 // while its products are in cache, rather than in a pass of its own.
 void Int8GemvScaled(const int8_t* x, const float* x_scales, int64_t m, const uint8_t* packed, int64_t n, int64_t k,
                     const float* w_scales, float* y);
+void Int8GemvScaled(GemvIsa isa, const int8_t* x, const float* x_scales, int64_t m, const uint8_t* packed, int64_t n,
+                    int64_t k, const float* w_scales, float* y);
 
 // biases[i] = 128 times the sum of x row i (x [m, k]): what a weight made unsigned (w + 128), as
 // PackInt8Gemv makes it, adds to each of the row's products. Needs Int8GemvSupported().

@@ -4,14 +4,15 @@
 // weight oneDNN 2.6 falls back to its reference kernel (thousands of times slower); M is padded up
 // to its bucket. The packed path runs 1.3-8x faster than the plain one at M = 1..512 on the bench
 // model's expert shapes (AMX brgemm; bench/RESULTS.md), because the plain one repacks the weight
-// on every call. I8 weights at up to kInt8GemvMaxRows rows skip oneDNN for Int8Gemv, which streams
-// a weight laid out for it faster (int8_gemv.h); where AMX-INT8 runs the shape, Int8Gemv takes up
-// to kInt8GemvMaxRowsBesideAmx rows and Int8GemmAmx the rest, on the same layout, and oneDNN's is
-// never built.
+// on every call. I8 weights at up to cpu::Int8GemvMaxRowsFor rows skip oneDNN for Int8Gemv, which
+// streams a weight laid out for it faster (int8_gemv.h); where AMX-INT8 runs the shape, Int8GemmAmx
+// takes the rows above on the same layout, and where AVX-VNNI runs Int8Gemv on AVX2 it takes every
+// batch; there oneDNN's layout is never built.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <limits>
 #include <memory>
 #include <mutex>
 #include <tuple>
@@ -19,6 +20,7 @@
 
 #include <oneapi/dnnl/dnnl.hpp>
 
+#include "base/cpu_features.h"
 #include "base/int_math.h"
 #include "base/thread_pool.h"
 #include "kernels/cpu/argmax_candidates.h"
@@ -30,8 +32,21 @@ namespace {
 
 using dnnl::memory;
 
+// The most oneDNN may use: what GetCpuFeatures reports, so that a MOE_MAX_ISA cap holds for its
+// kernels as for ours. Set before the first primitive, as oneDNN requires.
+dnnl::cpu_isa MaxOneDnnIsa() {
+  const CpuFeatures& f = GetCpuFeatures();
+  if (f.amx_int8 && f.amx_bf16) return dnnl::cpu_isa::all;
+  if (f.avx512f) return f.avx512bf16 ? dnnl::cpu_isa::avx512_core_bf16 : dnnl::cpu_isa::avx512_core_vnni;
+  if (f.avx2) return f.avxvnni ? dnnl::cpu_isa::avx2_vnni : dnnl::cpu_isa::avx2;
+  return dnnl::cpu_isa::sse41;
+}
+
 dnnl::engine& CpuEngine() {
-  static dnnl::engine engine(dnnl::engine::kind::cpu, 0);
+  static dnnl::engine engine = [] {
+    dnnl::set_max_cpu_isa(MaxOneDnnIsa());
+    return dnnl::engine(dnnl::engine::kind::cpu, 0);
+  }();
   return engine;
 }
 
@@ -128,9 +143,10 @@ const MatmulPrimitive& GetPackedPrimitive(int64_t k, int64_t n, int64_t rows) {
 }
 
 // Whether the weight laid out for Int8Gemv serves an [n, k] I8 weight at every batch size: Int8Gemv
-// for a few rows, Int8GemmAmx above.
+// for a few rows and Int8GemmAmx above, or Int8Gemv for all.
 bool GemvLayoutServesEveryBatch(int64_t n, int64_t k) {
-  return cpu::Int8GemvSupported() && cpu::Int8GemmAmxSupported(k, n);
+  return cpu::Int8GemvSupported() && (cpu::Int8GemmAmxSupported(k, n) ||
+                                      cpu::Int8GemvMaxRowsFor(n, k) == std::numeric_limits<int64_t>::max());
 }
 
 }  // namespace
@@ -178,12 +194,11 @@ void Execute(const void* src, const float* src_scales, int64_t m, const Weight& 
   const int32_t* products = reinterpret_cast<const int32_t*>(y);
   if (weight.gemv_packed) {
     const auto* gemv_packed = static_cast<const uint8_t*>(weight.gemv_packed);
-    const bool amx = GemvLayoutServesEveryBatch(n, k);
-    if (m <= (amx ? cpu::kInt8GemvMaxRowsBesideAmx : cpu::kInt8GemvMaxRows)) {
+    if (m <= cpu::Int8GemvMaxRowsFor(n, k)) {
       cpu::Int8GemvScaled(static_cast<const int8_t*>(src), src_scales, m, gemv_packed, n, k, weight.row_scales, y);
       return;
     }
-    if (amx) {
+    if (cpu::Int8GemmAmxSupported(k, n)) {
       cpu::Int8GemmAmxScaled(static_cast<const int8_t*>(src), src_scales, m, k, n, gemv_packed, weight.row_scales, y);
       return;
     }
@@ -243,6 +258,8 @@ Tensor PackGemvWeight(const TensorView& w) {
   cpu::PackInt8Gemv(w.as<int8_t>(), n, k, reinterpret_cast<uint8_t*>(packed.data<int8_t>()));
   return packed;
 }
+
+bool Bf16MatmulSupported() { return GetCpuFeatures().avx512f && GetCpuFeatures().avx512bw; }
 
 void Matmul(const float* x, int64_t m, const Weight& weight, float* y) {
   if (m == 0) return;

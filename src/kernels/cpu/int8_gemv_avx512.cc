@@ -1,0 +1,115 @@
+// Int8Gemv's AVX-512 VNNI kernels: one VPDPBUSD multiplies 16 columns' groups by one x row's group
+// broadcast to every lane, its lanes 16 outputs; a pass holds 4 vectors of sums for each of up to
+// 6 rows.
+#include "kernels/cpu/int8_gemv_kernels.h"
+
+#if defined(__x86_64__)
+
+#include <algorithm>
+#include <cstring>
+
+#include "kernels/cpu/avx512.h"
+
+namespace moe::kernels::cpu {
+namespace {
+
+#define MOE_INLINE_VNNI MOE_AVX512_VNNI inline __attribute__((always_inline))
+
+// acc += a * b by bytes, in place: with the intrinsic, GCC 12 copies (and spills) every accumulator
+// of an array on every step.
+MOE_INLINE_VNNI void DotBytes(__m512i& acc, __m512i a, __m512i b) {
+  asm("vpdpbusd %2, %1, %0" : "+v"(acc) : "v"(a), "v"(b));
+}
+
+// Which of a block's 16-column vectors' lanes hold columns, of the first `cols`.
+MOE_INLINE_VNNI void ColumnMasks(int64_t cols, __mmask16 (&masks)[4]) {
+  for (int v = 0; v < 4; ++v) {
+    const int64_t lanes = std::clamp<int64_t>(cols - 16 * v, 0, 16);
+    masks[v] = static_cast<__mmask16>((uint32_t{1} << lanes) - 1);
+  }
+}
+
+MOE_AVX512_VNNI int32_t RowSum(const int8_t* x, int64_t k) {
+  const __m512i ones = _mm512_set1_epi8(1);
+  __m512i acc = _mm512_setzero_si512();
+  int64_t p = 0;
+  for (; p + 64 <= k; p += 64) acc = _mm512_dpbusd_epi32(acc, ones, _mm512_loadu_si512(x + p));
+  if (p < k) acc = _mm512_dpbusd_epi32(acc, ones, _mm512_maskz_loadu_epi8((uint64_t{1} << (k - p)) - 1, x + p));
+  return _mm512_reduce_add_epi32(acc);
+}
+
+// acc[i] += the products of kM x rows (`stride` apart) and group g of a block.
+template <int kM>
+MOE_INLINE_VNNI void AddGroup(__m512i (&acc)[kM][4], const int8_t* x, int64_t stride, const uint8_t* w,
+                              const uint8_t* ahead, int64_t g) {
+  const uint8_t* group = w + g * kGemvGroupBytes;
+  __m512i wv[4];
+#pragma GCC unroll 4
+  for (int v = 0; v < 4; ++v) {
+    _mm_prefetch(ahead + g * kGemvGroupBytes + 64 * v, _MM_HINT_T1);
+    wv[v] = _mm512_loadu_si512(group + 64 * v);
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < kM; ++i) {
+    int32_t xi;
+    std::memcpy(&xi, x + i * stride + 4 * g, sizeof(xi));
+    const __m512i b = _mm512_set1_epi32(xi);
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v) DotBytes(acc[i][v], wv[v], b);
+  }
+}
+
+template <int kM>
+MOE_AVX512_VNNI void Pass(const int8_t* x, int64_t stride, const uint8_t* w, const uint8_t* ahead, int64_t groups,
+                          int64_t runs, int64_t run_stride, bool first, int32_t* y, int64_t n, int64_t cols) {
+  __m512i acc[kM][4];
+#pragma GCC unroll 8
+  for (int i = 0; i < kM; ++i) {
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v) acc[i][v] = _mm512_setzero_si512();
+  }
+  for (int64_t g = 0; g < groups; ++g) {
+    for (int64_t r = 0; r < runs; ++r) AddGroup<kM>(acc, x, stride, w, ahead, r * run_stride + g);
+  }
+  __mmask16 masks[4];
+  ColumnMasks(cols, masks);
+  // A load masked to nothing on the first chunk rather than a branch: GCC 12 copies every
+  // accumulator on every step when they meet a branch after the loop.
+#pragma GCC unroll 8
+  for (int i = 0; i < kM; ++i) {
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v) {
+      int32_t* out = y + i * n + 16 * v;
+      const __m512i before = _mm512_maskz_loadu_epi32(first ? 0 : masks[v], out);
+      _mm512_mask_storeu_epi32(out, masks[v], _mm512_add_epi32(acc[i][v], before));
+    }
+  }
+}
+
+MOE_AVX512_VNNI void FinishBlock(int32_t* row, int32_t bias, float x_scale, const float* w_scales, int64_t cols) {
+  __mmask16 masks[4];
+  ColumnMasks(cols, masks);
+  for (int v = 0; v < 4; ++v) {
+    const __m512i sums = _mm512_sub_epi32(_mm512_maskz_loadu_epi32(masks[v], row + 16 * v), _mm512_set1_epi32(bias));
+    if (!w_scales) {
+      _mm512_mask_storeu_epi32(row + 16 * v, masks[v], sums);
+      continue;
+    }
+    const __m512 scaled = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(sums), _mm512_set1_ps(x_scale)),
+                                        _mm512_maskz_loadu_ps(masks[v], w_scales + 16 * v));
+    _mm512_mask_storeu_ps(row + 16 * v, masks[v], scaled);
+  }
+}
+
+}  // namespace
+
+const GemvKernels& Avx512VnniGemvKernels() {
+  static_assert(kGemvMaxPassRows == 6);
+  static constexpr GemvKernels kernels{
+      6, {&Pass<1>, &Pass<2>, &Pass<3>, &Pass<4>, &Pass<5>, &Pass<6>}, &FinishBlock, &RowSum};
+  return kernels;
+}
+
+}  // namespace moe::kernels::cpu
+
+#endif

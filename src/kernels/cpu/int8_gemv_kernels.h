@@ -1,0 +1,37 @@
+// Internals of Int8Gemv (int8_gemv.cc): the per-ISA kernels its driver runs, one table per
+// instruction set. The layout they read is int8_gemv.cc's.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/cpu/int8_gemv.h"
+
+namespace moe::kernels::cpu {
+
+inline constexpr int64_t kGemvBlockCols = 64;                 // output columns of a block
+inline constexpr int64_t kGemvGroupBytes = 4 * kGemvBlockCols;  // one group of 4 bytes of k for a block
+inline constexpr int kGemvMaxPassRows = 6;
+
+struct GemvKernels {
+  // passes[r - 1]: y[i, 0..cols) (+)= the products of r x rows (`stride` apart) and `runs` runs of
+  // `groups` groups of one block, `run_stride` groups apart, read in turns, prefetching from
+  // `ahead` on; rows of y n apart. `first` starts the sums, otherwise they add to y's.
+  using Pass = void (*)(const int8_t* x, int64_t stride, const uint8_t* w, const uint8_t* ahead, int64_t groups,
+                        int64_t runs, int64_t run_stride, bool first, int32_t* y, int64_t n, int64_t cols);
+  // A row's first `cols` sums of a block less the bias; with w_scales (the block's), turned into
+  // F32 times x_scale, then times each column's scale, in place.
+  using Finish = void (*)(int32_t* row, int32_t bias, float x_scale, const float* w_scales, int64_t cols);
+  // The sum of k bytes of x.
+  using RowSum = int32_t (*)(const int8_t* x, int64_t k);
+
+  int pass_rows;  // the most rows a pass takes (<= kGemvMaxPassRows)
+  Pass passes[kGemvMaxPassRows];
+  Finish finish;
+  RowSum row_sum;
+};
+
+const GemvKernels& Avx512VnniGemvKernels();
+const GemvKernels& AvxVnniGemvKernels();
+const GemvKernels& Avx2GemvKernels();
+
+}  // namespace moe::kernels::cpu
