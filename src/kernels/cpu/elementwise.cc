@@ -41,6 +41,30 @@ MOE_AVX512 void QuantizeRowAvx512(const float* x, int64_t cols, int8_t* q, float
   }
   for (; c < cols; ++c) q[c] = static_cast<int8_t>(std::nearbyint(x[c] * inv));
 }
+
+// The same bits again, 8 values at a time, for CPUs with AVX2 but not AVX-512 (where it was ~15% of
+// loading the bench model and ~3% of its prefill).
+__attribute__((target("avx2"))) void QuantizeRowAvx2(const float* x, int64_t cols, int8_t* q, float* scale) {
+  constexpr int64_t kLanes = 8;
+  const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+  __m256 vmax = _mm256_setzero_ps();
+  int64_t c = 0;
+  for (; c + kLanes <= cols; c += kLanes) vmax = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(x + c), abs_mask), vmax);
+  alignas(32) float lanes[kLanes];
+  _mm256_store_ps(lanes, vmax);
+  float amax = 0;
+  for (const float lane : lanes) amax = std::max(amax, lane);
+  for (; c < cols; ++c) amax = std::max(amax, std::fabs(x[c]));
+  *scale = amax / 127.0f;
+  const float inv = amax > 0 ? 127.0f / amax : 0.0f;
+  const __m256 vinv = _mm256_set1_ps(inv);
+  for (c = 0; c + kLanes <= cols; c += kLanes) {
+    const __m256i rounded = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(x + c), vinv));
+    const __m128i words = _mm_packs_epi32(_mm256_castsi256_si128(rounded), _mm256_extracti128_si256(rounded, 1));
+    _mm_storel_epi64(reinterpret_cast<__m128i*>(q + c), _mm_packs_epi16(words, words));
+  }
+  for (; c < cols; ++c) q[c] = static_cast<int8_t>(std::nearbyint(x[c] * inv));
+}
 #endif
 
 void SiluMulRange(const float* gate, const float* up, int64_t begin, int64_t end, float* y) {
@@ -81,7 +105,9 @@ void RmsNorm(const float* x, const float* weight, int64_t rows, int64_t dim, flo
 
 void QuantizeRows(const float* x, int64_t rows, int64_t cols, int8_t* q, float* scales) {
 #if defined(__x86_64__)
-  static const auto quantize_row = GetCpuFeatures().avx512f ? QuantizeRowAvx512 : QuantizeRow;
+  static const auto quantize_row = GetCpuFeatures().avx512f ? QuantizeRowAvx512
+                                   : GetCpuFeatures().avx2  ? QuantizeRowAvx2
+                                                            : QuantizeRow;
 #else
   constexpr auto quantize_row = QuantizeRow;
 #endif
