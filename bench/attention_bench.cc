@@ -136,7 +136,8 @@ void RegisterAttentionBenchmarks() {
   Register("f32_cache/amla", BM_LatentAttention<float>, SoftmaxRescale::kAmla, best, {1024, 4096, 16384});
   Register("f32_cache/plain", BM_LatentAttention<float>, SoftmaxRescale::kMultiply, best, {1024, 4096, 16384});
   using kernels::cpu::Isa;
-  for (const auto& [name, bf16, isa] : {std::tuple{"PromptAttention/f32_products", false, Isa::kAvx512},
+  for (const auto& [name, bf16, isa] : {std::tuple{"PromptAttention/f32_products/avx2", false, Isa::kAvx2},
+                                        std::tuple{"PromptAttention/f32_products", false, Isa::kAvx512},
                                         std::tuple{"PromptAttention/bf16_products", true, Isa::kAvx512},
                                         std::tuple{"PromptAttention/bf16_products/amx", true, Isa::kAmx}}) {
     if (!kernels::cpu::IsaSupported(isa) || (bf16 && !GetCpuFeatures().avx512bf16)) continue;

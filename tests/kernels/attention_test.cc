@@ -22,7 +22,7 @@ using cpu::Isa;
 
 std::vector<Isa> SupportedIsas() {
   std::vector<Isa> isas;
-  for (Isa isa : {Isa::kGeneric, Isa::kAvx512, Isa::kAmx}) {
+  for (Isa isa : {Isa::kGeneric, Isa::kAvx2, Isa::kAvx512, Isa::kAmx}) {
     if (cpu::IsaSupported(isa)) isas.push_back(isa);
   }
   return isas;
@@ -101,7 +101,7 @@ TEST(AttentionTest, ChunkedPromptGivesTheSameBits) {
   Problem whole = RandomProblem({.tokens = tokens, .keys = tokens, .heads = heads, .qk_dim = qk, .v_dim = vdim,
                                        .q_offset = 0, .scale = 0.2f},
                                       60);
-  for (const auto& [isa, bf16_products] : {std::pair{Isa::kGeneric, false}, std::pair{Isa::kAvx512, false},
+  for (const auto& [isa, bf16_products] : {std::pair{Isa::kGeneric, false}, std::pair{Isa::kAvx2, false}, std::pair{Isa::kAvx512, false},
                                            std::pair{Isa::kAvx512, true}, std::pair{Isa::kAmx, true}}) {
     if (!cpu::IsaSupported(isa)) continue;
     whole.p.bf16_products = bf16_products;

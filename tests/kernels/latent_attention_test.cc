@@ -31,7 +31,7 @@ std::vector<bf16> ToBf16(const std::vector<float>& v) {
 
 std::vector<Isa> SupportedIsas() {
   std::vector<Isa> isas;
-  for (Isa isa : {Isa::kGeneric, Isa::kAvx512, Isa::kAmx}) {
+  for (Isa isa : {Isa::kGeneric, Isa::kAvx2, Isa::kAvx512, Isa::kAmx}) {
     if (cpu::IsaSupported(isa)) isas.push_back(isa);
   }
   return isas;
@@ -40,6 +40,7 @@ std::vector<Isa> SupportedIsas() {
 const char* IsaName(Isa isa) {
   switch (isa) {
     case Isa::kGeneric: return "generic";
+    case Isa::kAvx2: return "avx2";
     case Isa::kAvx512: return "avx512";
     case Isa::kAmx: return "amx";
   }
@@ -47,7 +48,15 @@ const char* IsaName(Isa isa) {
 }
 
 // The elementwise ops an ISA runs (AMX's are AVX-512's).
-const cpu::LatentOps& OpsOf(Isa isa) { return isa == Isa::kGeneric ? cpu::GenericLatentOps() : cpu::Avx512LatentOps(); }
+const cpu::LatentOps& OpsOf(Isa isa) {
+  switch (isa) {
+    case Isa::kGeneric: return cpu::GenericLatentOps();
+    case Isa::kAvx2: return cpu::Avx2LatentOps();
+    case Isa::kAvx512:
+    case Isa::kAmx: break;
+  }
+  return cpu::Avx512LatentOps();
+}
 
 // A problem: queries and an F32 cache (its BF16 twin is the F32 one rounded).
 struct Problem {

@@ -127,7 +127,8 @@ void MaxCandidates(Isa isa, const float* first, const float* row_norms, int64_t 
                    std::vector<int32_t>& out) {
   MOE_CHECK(IsaSupported(isa), "MaxCandidates: this CPU lacks the instruction set asked for");
 #if defined(__x86_64__)
-  if (isa != Isa::kGeneric) return MaxCandidatesAvx512(first, row_norms, n, bound, out);
+  // No AVX2 variant: kAvx2 runs the generic loop.
+  if (isa == Isa::kAvx512 || isa == Isa::kAmx) return MaxCandidatesAvx512(first, row_norms, n, bound, out);
 #endif
   MaxCandidatesGeneric(first, row_norms, n, bound, out);
 }
@@ -135,7 +136,7 @@ void MaxCandidates(Isa isa, const float* first, const float* row_norms, int64_t 
 int32_t DotInt8(Isa isa, const int8_t* a, const int8_t* b, int64_t k) {
   MOE_CHECK(IsaSupported(isa), "DotInt8: this CPU lacks the instruction set asked for");
 #if defined(__x86_64__)
-  if (isa != Isa::kGeneric) return DotInt8Avx512(a, b, k);
+  if (isa == Isa::kAvx512 || isa == Isa::kAmx) return DotInt8Avx512(a, b, k);
 #endif
   return DotInt8Generic(a, b, k);
 }

@@ -81,7 +81,7 @@ void LayOutHead(const float* k, const float* v, const AttentionParams& p, int64_
   }
 }
 
-// The tile loops of `isa` (kAvx512 or kAmx) over every head and block of query rows.
+// The tile loops of `isa` (kAvx2, kAvx512 or kAmx) over every head and block of query rows.
 void AttentionTiles(Isa isa, const float* q, const float* k, const float* v, const AttentionParams& p, float* out) {
   const int64_t blocks = CeilDiv(p.tokens, kAttentionQueryBlock);
   const int64_t v_stride = RoundUp(p.v_dim, 16);
@@ -89,8 +89,9 @@ void AttentionTiles(Isa isa, const float* q, const float* k, const float* v, con
   const float score_scale = p.scale * std::numbers::log2e_v<float>;
   const bool bf16_products = UsesBf16Products(isa, p);
   const bool amx = bf16_products && isa == Isa::kAmx;
+  const bool avx2 = isa == Isa::kAvx2;
   void (*const attend)(const QueryBlock&, const HeadTiles&, float*) =
-      amx ? AttendBlockAmx : bf16_products ? AttendBlockAvx512Bf16 : AttendBlockAvx512;
+      amx ? AttendBlockAmx : bf16_products ? AttendBlockAvx512Bf16 : avx2 ? AttendBlockAvx2 : AttendBlockAvx512;
   ParallelFor(p.heads * blocks, [&](int64_t begin, int64_t end) {
     std::unique_ptr<float[]> kt, vt;
     std::unique_ptr<bf16[]> kt_pairs, v_pairs;
@@ -107,7 +108,9 @@ void AttentionTiles(Isa isa, const float* q, const float* k, const float* v, con
       tiles.v = vt.get();
     }
     const auto scratch = std::make_unique_for_overwrite<float[]>(
-        amx ? AttendBlockAmxScratch(p.qk_dim, v_stride) : AttendBlockScratch(p.qk_dim, v_stride));
+        amx    ? AttendBlockAmxScratch(p.qk_dim, v_stride)
+        : avx2 ? AttendBlockAvx2Scratch(v_stride)
+               : AttendBlockScratch(p.qk_dim, v_stride));
     int64_t laid_out = -1;
     for (int64_t task = begin; task < end; ++task) {
       const int64_t h = task / blocks, first = task % blocks * kAttentionQueryBlock;
@@ -154,6 +157,7 @@ namespace moe::kernels {
 void Attention(const float* q, const float* k, const float* v, const AttentionParams& p, float* out) {
   static const cpu::Isa isa = cpu::IsaSupported(cpu::Isa::kAmx)      ? cpu::Isa::kAmx
                               : cpu::IsaSupported(cpu::Isa::kAvx512) ? cpu::Isa::kAvx512
+                              : cpu::IsaSupported(cpu::Isa::kAvx2)   ? cpu::Isa::kAvx2
                                                                      : cpu::Isa::kGeneric;
   cpu::Attention(isa, q, k, v, p, out);
 }

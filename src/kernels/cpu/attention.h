@@ -42,11 +42,13 @@ struct QueryBlock {
   float score_scale = 1.0f;  // scale * log2(e): scores in base 2
 };
 
-// Floats of scratch the block loops take: the AVX-512 ones, and the AMX one.
+// Floats of scratch the block loops take: the AVX-512 ones, the AMX one, and the AVX2 one.
 int64_t AttendBlockScratch(int64_t qk_dim, int64_t v_stride);
 int64_t AttendBlockAmxScratch(int64_t qk_dim, int64_t v_stride);
-// The block against the head's F32 tiles, or (Bf16, Amx) its BF16 pairs.
+int64_t AttendBlockAvx2Scratch(int64_t v_stride);
+// The block against the head's F32 tiles (AVX-512, or AVX2 and FMA), or (Bf16, Amx) its BF16 pairs.
 void AttendBlockAvx512(const QueryBlock& block, const HeadTiles& head, float* scratch);
+void AttendBlockAvx2(const QueryBlock& block, const HeadTiles& head, float* scratch);
 void AttendBlockAvx512Bf16(const QueryBlock& block, const HeadTiles& head, float* scratch);
 void AttendBlockAmx(const QueryBlock& block, const HeadTiles& head, float* scratch);
 
@@ -62,8 +64,8 @@ void RoundToPairs(const float* x, int64_t n, uint32_t* pairs);
 // VDPBF16PS; kAmx: tiles, which take the same rounded operands).
 bool UsesBf16Products(Isa isa, const AttentionParams& p);
 
-// Attention as kernels::Attention runs it, on the variant `isa` (kGeneric, kAvx512, or kAmx, which
-// runs F32 products as kAvx512 does).
+// Attention as kernels::Attention runs it, on the variant `isa` (kGeneric, kAvx2, which runs F32
+// products only, kAvx512, or kAmx, which runs F32 products as kAvx512 does).
 void Attention(Isa isa, const float* q, const float* k, const float* v, const AttentionParams& p, float* out);
 
 }  // namespace moe::kernels::cpu

@@ -3,18 +3,10 @@
 
 #if defined(__x86_64__)
 
-#include <numbers>
-
 #include "kernels/cpu/avx512.h"
+#include "kernels/cpu/exp2_coefficient.h"
 
 namespace moe::kernels::cpu {
-
-// The Taylor coefficient ln(2)^k / k! of 2^f = e^(f ln 2).
-constexpr float Exp2Coefficient(int k) {
-  double c = 1.0;
-  for (int i = 1; i <= k; ++i) c *= std::numbers::ln2 / i;
-  return static_cast<float>(c);
-}
 
 // 2^x: x = i + f with i an integer and |f| <= 1/2; 2^f by its Taylor series to degree 7, whose
 // remainder, below (ln(2) / 2)^8 / 8! * 2^(1/2) < 1e-8 relative, is under float rounding; 2^i by

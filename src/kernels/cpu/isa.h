@@ -4,7 +4,7 @@
 
 namespace moe::kernels::cpu {
 
-enum class Isa { kGeneric, kAvx512, kAmx };
+enum class Isa { kGeneric, kAvx2, kAvx512, kAmx };
 
 bool IsaSupported(Isa isa);
 

@@ -205,7 +205,13 @@ class F32KeyTileKernel final : public KeyTileKernel {
 
 const LatentOps& OpsFor(Isa isa) {
   MOE_CHECK(IsaSupported(isa), "LatentAttention: this CPU cannot run the requested ISA");
-  return isa == Isa::kGeneric ? GenericLatentOps() : Avx512LatentOps();
+  switch (isa) {
+    case Isa::kGeneric: return GenericLatentOps();
+    case Isa::kAvx2: return Avx2LatentOps();
+    case Isa::kAvx512:
+    case Isa::kAmx: break;
+  }
+  return Avx512LatentOps();
 }
 
 struct HeadState {
@@ -451,6 +457,7 @@ RowLayout::RowLayout(const LatentAttentionParams& p)
 Isa BestLatentIsa() {
   static const Isa isa = IsaSupported(Isa::kAmx)      ? Isa::kAmx
                          : IsaSupported(Isa::kAvx512) ? Isa::kAvx512
+                         : IsaSupported(Isa::kAvx2)   ? Isa::kAvx2
                                                       : Isa::kGeneric;
   return isa;
 }

@@ -44,6 +44,7 @@ struct LatentOps {
 };
 
 const LatentOps& GenericLatentOps();
+const LatentOps& Avx2LatentOps();
 const LatentOps& Avx512LatentOps();
 
 // The matrix work on one tile of keys, for a set of query rows (a row: one head of one token):
