@@ -37,12 +37,10 @@ bool NeedsMatmulPacking(int64_t n, int64_t k);
 // on a CPU without it (no AVX-512 VNNI), an empty tensor.
 Tensor PackGemvWeight(const TensorView& w);
 
-// y[m, n] = x[m, k] · w^T. BF16 weights take activations rounded to BF16; I8 weights take
-// activations quantized per row by QuantizeRows (A8W8), accumulate in INT32 and scale in FP32.
+// y[m, n] = x[m, k] · w^T. BF16 weights take activations rounded to BF16 (on CPUs without AVX-512,
+// through BatchInvariantMatmul's loops); I8 weights take activations quantized per row by
+// QuantizeRows (A8W8), accumulate in INT32 and scale in FP32.
 void Matmul(const float* x, int64_t m, const Weight& w, float* y);
-
-// Whether Matmul runs BF16 weights here: oneDNN 2.6 has no BF16 matmul below AVX-512.
-bool Bf16MatmulSupported();
 
 // Matmul of I8 weights with activations QuantizeRows already made (e.g. on another rank): the
 // same result as Matmul of the rows they came from.

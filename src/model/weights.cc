@@ -3,7 +3,6 @@
 #include <cstring>
 #include <string>
 
-#include "base/cpu_features.h"
 
 namespace moe {
 namespace {
@@ -169,10 +168,6 @@ Linear MakeHead(Tensor w, DType dtype) { return MakeLinear(std::move(w), dtype, 
 Expected<ModelWeights> LoadModelWeights(const Checkpoint& checkpoint, const ModelConfig& c, DType dtype,
                                         const ExpertSelection& experts) {
   MOE_CHECK(dtype == DType::kF32 || dtype == DType::kBF16 || dtype == DType::kI8, "unsupported run dtype");
-  if (dtype == DType::kBF16 && !kernels::Bf16MatmulSupported()) {
-    return Status::Error("BF16 linear layers need AVX-512 (this CPU has: " + GetCpuFeatures().ToString() +
-                         "); run with --dtype w8a8 or f32");
-  }
   TensorLoader loader(checkpoint, dtype);
   ModelWeights w;
   w.embed = loader.F32("model.embed_tokens.weight", {c.vocab_size, c.hidden_size});

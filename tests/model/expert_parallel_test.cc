@@ -88,9 +88,6 @@ class ExpertParallelTest : public testing::TestWithParam<std::tuple<ActivationWi
 
 TEST_P(ExpertParallelTest, GivesEveryTokenWhatOneProcessGives) {
   const auto [wire, exchange, dedicated_shared_rank, overlap] = GetParam();
-  if (wire == ActivationWire::kBF16 && !kernels::Bf16MatmulSupported()) {
-    GTEST_SKIP() << "oneDNN 2.6 has no BF16 matmul below AVX-512";
-  }
   auto comm = MakeMpiCommunicator();
   // One rank cannot be both the routed-expert rank and a dedicated shared-expert rank: that layout
   // is checked by the runs with 2 and 3 ranks.
@@ -145,7 +142,6 @@ int64_t SumOverRanks(Communicator& comm, int64_t value) {
 // the bytes sent in one MoE layer match that count exactly, and INT8 rows cost about half of BF16.
 TEST(ExpertParallelBytes, MatchTheAnalyticalCountAndInt8HalvesBf16) {
   // The same on every rank, so that all skip or none.
-  if (!kernels::Bf16MatmulSupported()) GTEST_SKIP() << "oneDNN 2.6 has no BF16 matmul below AVX-512";
   auto comm = MakeMpiCommunicator();
   auto placement = ExpertPlacement::Contiguous(kExperts, comm->size());
   ASSERT_TRUE(placement.ok());

@@ -23,7 +23,8 @@
 //   outputs take one instruction of 16 x 16 x 32 products: the lm_head at 32 rows is bound by
 //   reading its weight, not by arithmetic as with VDPBF16PS.
 // The AVX-512 loops keep each lane-sum vector in a register over the whole of k, for tiles of up
-// to 6 x 4 outputs; the generic loops spell each order out lane by lane. Threads split the weight
+// to 6 x 4 outputs; the AVX2 loops (kLanes only, on CPUs without AVX-512) keep the 16 lanes as two
+// vectors of 8, for tiles of up to 3 x 2; the generic loops spell each order out lane by lane. Threads split the weight
 // rows in tiles of 4, and each output is computed whole by one tile, so neither the tiling nor m
 // nor the thread count changes a bit. (Which order runs depends on the CPU, so results may differ
 // between machines, never between batches.)
@@ -46,6 +47,7 @@
 #include "base/int_math.h"
 #include "base/thread_pool.h"
 #include "kernels/cpu/amx.h"
+#include "kernels/cpu/avx2.h"
 #include "kernels/cpu/avx512.h"
 
 namespace moe::kernels::cpu {
@@ -244,15 +246,117 @@ MOE_AVX512 void Widen(const bf16* src, int64_t count, float* dst) {
   for (; i < count; ++i) dst[i] = Bf16ToF32(src[i]);
 }
 
+struct Avx512Lanes {
+  static void Widen(const bf16* src, int64_t count, float* dst) { cpu::Widen(src, count, dst); }
+  template <typename W, typename T>
+  static void Columns(const Operands<W>& o, int64_t cols, const WeightRows<T>& w, int64_t j, float* y) {
+    cpu::Columns(o, cols, w, j, y);
+  }
+};
+
+// The kLanes order on AVX2: lanes 0-7 of the 16 in one vector, 8-15 in another, each lane adding
+// the same products in the same order as the AVX-512 loops; ReduceLanes's first step is then the
+// sum of the two vectors, the rest Sum256's. Same bits as the generic loops.
+
+MOE_AVX2 inline __m256 Load8(const float* p) { return _mm256_loadu_ps(p); }
+MOE_AVX2 inline __m256 Load8(const bf16* p) {
+  const __m128i b = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(b), 16));
+}
+
+// acc[h][r][c] += x[r][8h, 8h + 8) * w[c][8h, 8h + 8) for both halves h: 16 values of k.
+template <int kRows, int kCols, typename T>
+MOE_AVX2 inline __attribute__((always_inline)) void Avx2Step(__m256 (&acc)[2][kRows][kCols], const float* x,
+                                                             int64_t stride, const T* const (&w)[kCols]) {
+#pragma GCC unroll 2
+  for (int h = 0; h < 2; ++h) {
+    __m256 wv[kCols];
+#pragma GCC unroll 4
+    for (int c = 0; c < kCols; ++c) wv[c] = Load8(w[c] + 8 * h);
+#pragma GCC unroll 4
+    for (int r = 0; r < kRows; ++r) {
+      const __m256 xv = _mm256_loadu_ps(x + r * stride + 8 * h);
+#pragma GCC unroll 4
+      for (int c = 0; c < kCols; ++c) acc[h][r][c] = _mm256_fmadd_ps(xv, wv[c], acc[h][r][c]);
+    }
+  }
+}
+
+// Outputs [kRows, kCols] as Tile above: 2 x kRows x kCols accumulators, 12 at 3 x 2 (of 16 registers).
+template <int kRows, int kCols, typename W, typename T>
+MOE_AVX2 void Avx2Tile(const Operands<W>& o, const float* x, const WeightRows<T>& w, float* y) {
+  __m256 acc[2][kRows][kCols];
+#pragma GCC unroll 2
+  for (int h = 0; h < 2; ++h) {
+#pragma GCC unroll 4
+    for (int r = 0; r < kRows; ++r) {
+#pragma GCC unroll 4
+      for (int c = 0; c < kCols; ++c) acc[h][r][c] = _mm256_setzero_ps();
+    }
+  }
+  for (int64_t i = 0; i < w.full; i += kLanes) {
+    const T* rows[kCols];
+#pragma GCC unroll 4
+    for (int c = 0; c < kCols; ++c) rows[c] = w.w + c * w.stride + i;
+    Avx2Step<kRows, kCols>(acc, x + i, o.stride, rows);
+  }
+  if (w.full < o.stride) {
+    const float* tails[kCols];
+#pragma GCC unroll 4
+    for (int c = 0; c < kCols; ++c) tails[c] = w.tail + c * kLanes;
+    Avx2Step<kRows, kCols>(acc, x + w.full, o.stride, tails);
+  }
+#pragma GCC unroll 4
+  for (int r = 0; r < kRows; ++r) {
+#pragma GCC unroll 4
+    for (int c = 0; c < kCols; ++c) y[r * o.n + c] = Sum256(_mm256_add_ps(acc[0][r][c], acc[1][r][c]));
+  }
+}
+
+template <int kCols, typename W, typename T>
+MOE_AVX2 void Avx2TileColumns(const Operands<W>& o, const WeightRows<T>& w, int64_t j, float* y) {
+  constexpr int64_t kTileRows = 3;
+  int64_t r = 0;
+  for (; r + kTileRows <= o.m; r += kTileRows) Avx2Tile<kTileRows, kCols>(o, o.x + r * o.stride, w, y + r * o.n + j);
+  const float* x = o.x + r * o.stride;
+  float* yr = y + r * o.n + j;
+  switch (o.m - r) {
+    case 2: Avx2Tile<2, kCols>(o, x, w, yr); break;
+    case 1: Avx2Tile<1, kCols>(o, x, w, yr); break;
+  }
+}
+
+MOE_AVX2 void Avx2Widen(const bf16* src, int64_t count, float* dst) {
+  int64_t i = 0;
+  for (; i + 8 <= count; i += 8) _mm256_storeu_ps(dst + i, Load8(src + i));
+  for (; i < count; ++i) dst[i] = Bf16ToF32(src[i]);
+}
+
+struct Avx2Lanes {
+  static void Widen(const bf16* src, int64_t count, float* dst) { Avx2Widen(src, count, dst); }
+  // Up to kTile columns as pairs and a single.
+  template <typename W, typename T>
+  static void Columns(const Operands<W>& o, int64_t cols, const WeightRows<T>& w, int64_t j, float* y) {
+    for (int64_t c = 0; c < cols; c += 2) {
+      const WeightRows<T> pair{w.w + c * w.stride, w.stride, w.full, w.tail ? w.tail + c * kLanes : nullptr};
+      if (cols - c >= 2) {
+        Avx2TileColumns<2>(o, pair, j + c, y);
+      } else {
+        Avx2TileColumns<1>(o, pair, j + c, y);
+      }
+    }
+  }
+};
+
 // Below this many x rows, BF16 weights are widened in registers as they are loaded; from it on,
 // each group of 4 weight rows is widened once into a buffer that all x rows then read (measured
 // on the bench machine: faster from about 8 rows, slower below).
 constexpr int64_t kWidenOnceRows = 8;
 
 // Weight rows [j_begin, j_end) against every x row, kTile weight rows at a time: they stay in
-// cache while every x row passes over them.
-template <typename W>
-MOE_AVX512 void Avx512Rows(const Operands<W>& o, int64_t j_begin, int64_t j_end, float* y) {
+// cache while every x row passes over them. Loops: Avx512Lanes or Avx2Lanes.
+template <typename Loops, typename W>
+void LanesRows(const Operands<W>& o, int64_t j_begin, int64_t j_end, float* y) {
   const int64_t full = o.k / kLanes * kLanes;
   const bool widen_once = std::is_same_v<W, bf16> && o.m >= kWidenOnceRows;
   std::vector<float> widened(widen_once ? kTile * o.stride : 0, 0.0f);
@@ -262,16 +366,16 @@ MOE_AVX512 void Avx512Rows(const Operands<W>& o, int64_t j_begin, int64_t j_end,
     const W* w = o.w + j * o.k;
     if (widen_once) {
       if constexpr (std::is_same_v<W, bf16>) {
-        for (int64_t c = 0; c < cols; ++c) Widen(w + c * o.k, o.k, widened.data() + c * o.stride);
+        for (int64_t c = 0; c < cols; ++c) Loops::Widen(w + c * o.k, o.k, widened.data() + c * o.stride);
       }
-      Columns(o, cols, WeightRows<float>{widened.data(), o.stride, o.stride, nullptr}, j, y);
+      Loops::Columns(o, cols, WeightRows<float>{widened.data(), o.stride, o.stride, nullptr}, j, y);
       continue;
     }
     std::fill(tail, tail + kTile * kLanes, 0.0f);
     for (int64_t c = 0; c < cols; ++c) {
       for (int64_t i = full; i < o.k; ++i) tail[c * kLanes + i - full] = ToF32(w[c * o.k + i]);
     }
-    Columns(o, cols, WeightRows<W>{w, o.k, full, tail}, j, y);
+    Loops::Columns(o, cols, WeightRows<W>{w, o.k, full, tail}, j, y);
   }
 }
 
@@ -444,15 +548,17 @@ MOE_AMX void AmxGroups(const std::vector<bf16>& xt, int64_t m, const bf16* w, in
 
 #endif
 
+// The kLanes order, on the native loops (AVX-512 where the CPU has it, else AVX2) or the generic.
 template <typename W>
-void Run(bool avx512, const Operands<W>& o, float* y) {
+void Run(bool native, const Operands<W>& o, float* y) {
   const int64_t tiles = (o.n + kTile - 1) / kTile;
   ParallelFor(tiles, [&](int64_t begin, int64_t end) {
     const int64_t j_begin = begin * kTile, j_end = std::min(o.n, end * kTile);
 #if defined(__x86_64__)
-    if (avx512) return Avx512Rows(o, j_begin, j_end, y);
+    if (native && GetCpuFeatures().avx512f) return LanesRows<Avx512Lanes>(o, j_begin, j_end, y);
+    if (native) return LanesRows<Avx2Lanes>(o, j_begin, j_end, y);
 #endif
-    (void)avx512;
+    (void)native;
     GenericRows(o, j_begin, j_end, y);
   });
 }
@@ -508,7 +614,7 @@ SumOrder BestSumOrder() {
 bool HasNativeLoops(SumOrder order) {
   const CpuFeatures& cpu = GetCpuFeatures();
   switch (order) {
-    case SumOrder::kLanes: return cpu.avx512f;
+    case SumOrder::kLanes: return cpu.avx512f || (cpu.avx2 && cpu.fma);
     case SumOrder::kBf16Pairs: return cpu.avx512f && cpu.avx512bf16;
     case SumOrder::kAmxTiles: return cpu.avx512f && cpu.amx_bf16;
   }

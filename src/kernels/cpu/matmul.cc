@@ -259,12 +259,13 @@ Tensor PackGemvWeight(const TensorView& w) {
   return packed;
 }
 
-bool Bf16MatmulSupported() { return GetCpuFeatures().avx512f && GetCpuFeatures().avx512bw; }
-
 void Matmul(const float* x, int64_t m, const Weight& weight, float* y) {
   if (m == 0) return;
   const TensorView& w = weight.data;
   const int64_t k = w.dim(1);
+  // oneDNN 2.6 has no BF16 matmul below AVX-512 (it fails to create the primitive).
+  const bool onednn_bf16 = GetCpuFeatures().avx512f && GetCpuFeatures().avx512bw;
+  if (w.dtype == DType::kBF16 && !onednn_bf16) return BatchInvariantMatmul(x, m, weight, y);
   if (w.dtype == DType::kBF16) {
     std::vector<bf16> x_bf16(m * k);
     ParallelFor(m * k, [&](int64_t begin, int64_t end) {
