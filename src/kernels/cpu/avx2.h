@@ -4,7 +4,13 @@
 
 #if defined(__x86_64__)
 
+// As in avx512.h (GCC bug 105593): whichever of the two headers includes immintrin.h first decides
+// whether a file's AVX-512 intrinsics warn.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wuninitialized"
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #include <immintrin.h>
+#pragma GCC diagnostic pop
 
 #include <cstdint>
 

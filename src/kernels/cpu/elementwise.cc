@@ -6,6 +6,8 @@
 
 #include "base/cpu_features.h"
 #include "base/thread_pool.h"
+#include "kernels/cpu/avx2.h"
+#include "kernels/cpu/avx2_exp2.h"
 #include "kernels/cpu/avx512.h"
 #include "kernels/cpu/avx512_exp2.h"
 #include "kernels/kernels.h"
@@ -86,6 +88,19 @@ MOE_AVX512 void SiluMulRangeAvx512(const float* gate, const float* up, int64_t b
     _mm512_mask_storeu_ps(y + i, mask, _mm512_mul_ps(silu, _mm512_maskz_loadu_ps(mask, up + i)));
   }
 }
+
+// The same on 8 values at once, for CPUs with AVX2 but not AVX-512.
+MOE_AVX2 void SiluMulRangeAvx2(const float* gate, const float* up, int64_t begin, int64_t end, float* y) {
+  constexpr int64_t kLanes = 8;
+  const __m256 minus_log2e = _mm256_set1_ps(-std::numbers::log2e_v<float>), one = _mm256_set1_ps(1.0f);
+  for (int64_t i = begin; i < end; i += kLanes) {
+    const __m256i mask = cpu::FirstLanes256(end - i);
+    const __m256 g = _mm256_maskload_ps(gate + i, mask);
+    const __m256 denominator = _mm256_add_ps(one, cpu::Exp2(_mm256_mul_ps(g, minus_log2e)));
+    const __m256 silu = _mm256_div_ps(g, denominator);
+    _mm256_maskstore_ps(y + i, mask, _mm256_mul_ps(silu, _mm256_maskload_ps(up + i, mask)));
+  }
+}
 #endif
 
 }  // namespace
@@ -118,7 +133,9 @@ void QuantizeRows(const float* x, int64_t rows, int64_t cols, int8_t* q, float* 
 
 void SiluMul(const float* gate, const float* up, int64_t n, float* y) {
 #if defined(__x86_64__)
-  static const auto silu_mul = GetCpuFeatures().avx512f ? SiluMulRangeAvx512 : SiluMulRange;
+  static const auto silu_mul = GetCpuFeatures().avx512f                         ? SiluMulRangeAvx512
+                               : GetCpuFeatures().avx2 && GetCpuFeatures().fma ? SiluMulRangeAvx2
+                                                                               : SiluMulRange;
 #else
   constexpr auto silu_mul = SiluMulRange;
 #endif
