@@ -161,7 +161,7 @@ MOE_AVX512 inline __m512 Load(const bf16* p) {
 
 // Where a tile reads its kCols weight rows: row c at w + c * stride, F32 or BF16, its first
 // `full` values (a multiple of 16) there and the rest, if any, zero-padded to 16 in F32 at
-// tail + 16 * c.
+// tail + 16 * c (read only where full < the padded k, but always a valid buffer).
 template <typename T>
 struct WeightRows {
   const T* w;
@@ -337,8 +337,9 @@ struct Avx2Lanes {
   // Up to kTile columns as pairs and a single.
   template <typename W, typename T>
   static void Columns(const Operands<W>& o, int64_t cols, const WeightRows<T>& w, int64_t j, float* y) {
+    if (o.m == 1 && cols == kTile) return Avx2Tile<1, kTile>(o, o.x, w, y + j);
     for (int64_t c = 0; c < cols; c += 2) {
-      const WeightRows<T> pair{w.w + c * w.stride, w.stride, w.full, w.tail ? w.tail + c * kLanes : nullptr};
+      const WeightRows<T> pair{w.w + c * w.stride, w.stride, w.full, w.tail + c * kLanes};
       if (cols - c >= 2) {
         Avx2TileColumns<2>(o, pair, j + c, y);
       } else {
@@ -368,7 +369,7 @@ void LanesRows(const Operands<W>& o, int64_t j_begin, int64_t j_end, float* y) {
       if constexpr (std::is_same_v<W, bf16>) {
         for (int64_t c = 0; c < cols; ++c) Loops::Widen(w + c * o.k, o.k, widened.data() + c * o.stride);
       }
-      Loops::Columns(o, cols, WeightRows<float>{widened.data(), o.stride, o.stride, nullptr}, j, y);
+      Loops::Columns(o, cols, WeightRows<float>{widened.data(), o.stride, o.stride, tail}, j, y);
       continue;
     }
     std::fill(tail, tail + kTile * kLanes, 0.0f);
