@@ -24,9 +24,9 @@
 //   reading its weight, not by arithmetic as with VDPBF16PS.
 // The AVX-512 loops keep each lane-sum vector in a register over the whole of k, for tiles of up
 // to 6 x 4 outputs; the AVX2 loops (kLanes only, on CPUs without AVX-512) keep the 16 lanes as two
-// vectors of 8, for tiles of up to 3 x 2; the generic loops spell each order out lane by lane. Threads split the weight
-// rows in tiles of 4, and each output is computed whole by one tile, so neither the tiling nor m
-// nor the thread count changes a bit. (Which order runs depends on the CPU, so results may differ
+// vectors of 8, for tiles of 3 x 2 outputs (1 x 4 for a single row); the generic loops spell each
+// order out lane by lane. Threads split the weight rows in tiles of 4, and each output is computed
+// whole by one tile, so neither the tiling nor m nor the thread count changes a bit. (Which order runs depends on the CPU, so results may differ
 // between machines, never between batches.)
 //
 // Cost, measured against oneDNN on one core of the bench machine: BF16 lm_head at 1 and 32 rows
