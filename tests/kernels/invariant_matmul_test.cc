@@ -1,6 +1,6 @@
 // BatchInvariantMatmul: close to kernels/ref like Matmul, and a row's result the same bits whatever
 // the other rows are -- how many, where the row sits, which thread split -- in every summation
-// order, on the native (AVX-512, AMX) and generic loops alike, which also agree with each other to
+// order, on the native (AVX-512 or AVX2, AMX) and generic loops alike, which also agree with each other to
 // the bit (so the generic loops state each order, and VDPBF16PS and TDPBF16PS are checked against
 // their definitions).
 #include <cmath>

@@ -18,8 +18,8 @@ enum class SumOrder { kLanes, kBf16Pairs, kAmxTiles };
 // kBf16Pairs where it has AVX-512F and AVX512_BF16, else kLanes.
 SumOrder BestSumOrder();
 
-// Whether this CPU has the native loops of `order` (AVX-512; AVX512_BF16 for kBf16Pairs; AMX-BF16
-// for kAmxTiles).
+// Whether this CPU has the native loops of `order` (kLanes: AVX-512, or AVX2 and FMA; AVX-512 and
+// AVX512_BF16 for kBf16Pairs; AMX-BF16 for kAmxTiles).
 bool HasNativeLoops(SumOrder order);
 
 // BatchInvariantMatmul with the order's native loops (`native`: HasNativeLoops must hold) or the
