@@ -66,6 +66,7 @@ const CpuFeatures& GetCpuFeatures() {
     CpuFeatures f;
 #if defined(__x86_64__)
     __builtin_cpu_init();
+    f.amd = __builtin_cpu_is("amd");
     f.avx2 = __builtin_cpu_supports("avx2");
     f.fma = __builtin_cpu_supports("fma");
     f.avx512f = __builtin_cpu_supports("avx512f");

@@ -19,6 +19,9 @@ struct CpuFeatures {
   // state per process on request; detection asks).
   bool amx_bf16 = false;
   bool amx_int8 = false;  // AMX tiles with INT8 dot products (and the same leave)
+  // Made by AMD: not an instruction set, but how the kernels best stream memory differs between the
+  // vendors' prefetchers (int8_gemv.cc).
+  bool amd = false;
 
   std::string ToString() const;
 };

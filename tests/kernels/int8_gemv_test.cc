@@ -1,5 +1,5 @@
-// Int8Gemv's INT32 products (and Int8GemvScaled's F32 ones), on every instruction set the CPU runs,
-// against a scalar loop, to the bit, on odd shapes and extreme values; and Matmul of I8 weights, which runs Int8Gemv for a few rows and oneDNN
+// Int8Gemv's INT32 products (and Int8GemvScaled's F32 ones), on every instruction set the CPU runs
+// and both ways of streaming the weight, against a scalar loop, to the bit, on odd shapes and extreme values; and Matmul of I8 weights, which runs Int8Gemv for a few rows and oneDNN
 // for more, giving a row the same bits whatever the batch around it and whichever layouts the weight
 // comes in.
 #include <algorithm>
@@ -52,6 +52,10 @@ const char* GemvIsaName(cpu::GemvIsa isa) {
   return "?";
 }
 
+const char* GemvStreamsName(cpu::GemvStreams streams) {
+  return streams == cpu::GemvStreams::kBlockPairs ? "block pairs" : "block halves";
+}
+
 std::vector<cpu::GemvIsa> SupportedGemvIsas() {
   std::vector<cpu::GemvIsa> isas;
   for (cpu::GemvIsa isa : {cpu::GemvIsa::kAvx2, cpu::GemvIsa::kAvxVnni, cpu::GemvIsa::kAvx512Vnni}) {
@@ -60,7 +64,8 @@ std::vector<cpu::GemvIsa> SupportedGemvIsas() {
   return isas;
 }
 
-// Int8Gemv and Int8GemvScaled on every instruction set the CPU runs against the scalar products.
+// Int8Gemv and Int8GemvScaled on every instruction set the CPU runs, and both streams, against the
+// scalar products.
 void ExpectProductsExact(const std::vector<int8_t>& x, int64_t m, const std::vector<int8_t>& w, int64_t n, int64_t k) {
   std::vector<uint8_t> packed(cpu::Int8GemvPackedBytes(n, k));
   cpu::PackInt8Gemv(w.data(), n, k, packed.data());
@@ -69,20 +74,23 @@ void ExpectProductsExact(const std::vector<int8_t>& x, int64_t m, const std::vec
   for (int64_t i = 0; i < m; ++i) x_scales[i] = 0.01f + 0.003f * static_cast<float>(i);
   for (int64_t j = 0; j < n; ++j) w_scales[j] = 0.02f - 0.0001f * static_cast<float>(j);
   for (cpu::GemvIsa isa : SupportedGemvIsas()) {
-    std::vector<int32_t> y(m * n);
-    cpu::Int8Gemv(isa, x.data(), m, packed.data(), n, k, y.data());
-    for (int64_t i = 0; i < m * n; ++i) {
-      ASSERT_EQ(y[i], want[i]) << GemvIsaName(isa) << ": m " << m << " n " << n << " k " << k << " at row " << i / n
-                               << " column " << i % n;
-    }
-    // Scaled: each product times its row's and its column's scale, in that order, to the bit.
-    std::vector<float> scaled(m * n);
-    cpu::Int8GemvScaled(isa, x.data(), x_scales.data(), m, packed.data(), n, k, w_scales.data(), scaled.data());
-    for (int64_t i = 0; i < m * n; ++i) {
-      const float expected = static_cast<float>(want[i]) * x_scales[i / n] * w_scales[i % n];
-      ASSERT_EQ(std::memcmp(&scaled[i], &expected, sizeof(float)), 0)
-          << GemvIsaName(isa) << ": m " << m << " n " << n << " k " << k << " at row " << i / n << " column "
-          << i % n;
+    for (cpu::GemvStreams streams : {cpu::GemvStreams::kBlockHalves, cpu::GemvStreams::kBlockPairs}) {
+      std::vector<int32_t> y(m * n);
+      cpu::Int8Gemv(isa, streams, x.data(), m, packed.data(), n, k, y.data());
+      for (int64_t i = 0; i < m * n; ++i) {
+        ASSERT_EQ(y[i], want[i]) << GemvIsaName(isa) << ", " << GemvStreamsName(streams) << ": m " << m << " n " << n
+                                 << " k " << k << " at row " << i / n << " column " << i % n;
+      }
+      // Scaled: each product times its row's and its column's scale, in that order, to the bit.
+      std::vector<float> scaled(m * n);
+      cpu::Int8GemvScaled(isa, streams, x.data(), x_scales.data(), m, packed.data(), n, k, w_scales.data(),
+                          scaled.data());
+      for (int64_t i = 0; i < m * n; ++i) {
+        const float expected = static_cast<float>(want[i]) * x_scales[i / n] * w_scales[i % n];
+        ASSERT_EQ(std::memcmp(&scaled[i], &expected, sizeof(float)), 0)
+            << GemvIsaName(isa) << ", " << GemvStreamsName(streams) << ": m " << m << " n " << n << " k " << k
+            << " at row " << i / n << " column " << i % n;
+      }
     }
   }
 }
@@ -95,10 +103,11 @@ class Int8GemvTest : public testing::TestWithParam<std::tuple<int64_t, int64_t>>
 };
 
 // Every pass size (1-6 rows, passes split evenly), partial column blocks and vectors, k past a
-// whole group, odd numbers of groups (one left over after the two halves), several runs a half.
+// whole group, odd numbers of groups (one left over after the two halves), several runs a half;
+// threads with one block, with several pairs of blocks and with one left over.
 TEST_P(Int8GemvTest, MatchesScalarProductsExactly) {
   const auto [m, k] = GetParam();
-  for (int64_t n : {1, 5, 16, 17, 33, 64, 65, 130}) {
+  for (int64_t n : {1, 5, 16, 17, 33, 64, 65, 130, 327, 576}) {
     const std::vector<int8_t> x = RandomInt8(m * k, 1, -127, 127), w = RandomInt8(n * k, 2, -128, 127);
     ExpectProductsExact(x, m, w, n, k);
   }

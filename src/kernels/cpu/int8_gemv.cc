@@ -27,6 +27,15 @@
 // 27.6-29.4 from two (the halves of 128 KiB to 2 MiB blocks), and the 32-sequence decode step's
 // experts took ~5% less time (bench/RESULTS.md). INT32 sums are exact in any order, so the
 // products do not change.
+//
+// Block pairs (GemvStreams::kBlockPairs). On the AMD EPYC measured, the halves of each block did
+// worse than two long runs: a thread's blocks in two halves of its range, one block of each read
+// side by side over its whole k, nothing prefetched (the blocks of a half lie end to end, so each
+// is one stream through memory). A synthetic loop of two threads read 56.8 GB/s from the halves of
+// 64 KiB with the prefetch and 64.5 from two long runs without; Int8Gemv at 1 row 46.5 -> 56.6
+// GB/s on a 512 MiB weight, 48.0 -> 55.3 on expert shapes, and the batch-1 decode step took 8-10%
+// less time (bench/RESULTS.md). Two blocks' sums take twice the registers, so pairs are for up to
+// pair_rows rows; more rows take the halves. The Xeons measured before keep the halves.
 #include "kernels/cpu/int8_gemv.h"
 
 #include <algorithm>
@@ -60,8 +69,8 @@ const GemvKernels& KernelsFor(GemvIsa isa) {
 
 // Int8Gemv, and with x_scales (and w_scales) Int8GemvScaled, whose F32 results go over y's storage
 // block by block while the block is in cache.
-void Products(const GemvKernels& kernels, const int8_t* x, int64_t m, const uint8_t* packed, int64_t n, int64_t k,
-              const float* x_scales, const float* w_scales, int32_t* y) {
+void Products(const GemvKernels& kernels, GemvStreams streams, const int8_t* x, int64_t m, const uint8_t* packed,
+              int64_t n, int64_t k, const float* x_scales, const float* w_scales, int32_t* y) {
   std::vector<int32_t> bias(m);
   for (int64_t i = 0; i < m; ++i) bias[i] = 128 * kernels.row_sum(x + i * k, k);
   // Rows whose k is not a whole number of groups are read from a copy padded with zeros.
@@ -75,28 +84,49 @@ void Products(const GemvKernels& kernels, const int8_t* x, int64_t m, const uint
   const int64_t groups = stride / 4;
   // Passes of equal rows: 8 rows as 4 + 4 rather than 6 + 2.
   const int64_t pass_rows = CeilDiv(m, CeilDiv(m, int64_t{kernels.pass_rows}));
-  ParallelFor(CeilDiv(n, kGemvBlockCols), [&](int64_t begin, int64_t end) {
-    for (int64_t b = begin; b < end; ++b) {
-      const int64_t col = b * kGemvBlockCols, cols = std::min(kGemvBlockCols, n - col);
-      const uint8_t* block = packed + b * groups * kGemvGroupBytes;
-      // kStreams runs, [g, g + run) of each kStreams-th of k, then the groups left over as one.
-      const int64_t part = groups / kStreams;
-      auto passes = [&](int64_t g, int64_t run, int64_t runs) {
-        const uint8_t* w = block + g * kGemvGroupBytes;
-        for (int64_t i = 0; i < m; i += pass_rows) {
-          const int64_t rows = std::min(pass_rows, m - i);
-          // Prefetching past the end of `packed` is harmless: a prefetch never faults.
-          kernels.passes[rows - 1](x + i * stride + 4 * g, stride, w, i == 0 ? w + kPrefetchAhead : w, run, runs,
-                                   part, g == 0, y + i * n + col, n, cols);
-        }
-      };
-      for (int64_t g = 0; g < part; g += kRunGroups) passes(g, std::min(kRunGroups, part - g), kStreams);
-      if (kStreams * part < groups) passes(kStreams * part, groups - kStreams * part, 1);
-      for (int64_t i = 0; i < m; ++i) {
-        kernels.finish(y + i * n + col, bias[i], x_scales ? x_scales[i] : 0.0f, x_scales ? w_scales + col : nullptr,
-                       cols);
-      }
+  auto block = [&](int64_t b) { return packed + b * groups * kGemvGroupBytes; };
+  auto columns = [&](int64_t b) { return std::min(kGemvBlockCols, n - b * kGemvBlockCols); };
+  auto finish = [&](int64_t b) {
+    const int64_t col = b * kGemvBlockCols;
+    for (int64_t i = 0; i < m; ++i) {
+      kernels.finish(y + i * n + col, bias[i], x_scales ? x_scales[i] : 0.0f, x_scales ? w_scales + col : nullptr,
+                     columns(b));
     }
+  };
+  // Block b in chunks, each chunk's kStreams runs, [g, g + run) of each kStreams-th of k, then the
+  // groups left over as one.
+  auto halves = [&](int64_t b) {
+    const int64_t col = b * kGemvBlockCols, part = groups / kStreams;
+    auto passes = [&](int64_t g, int64_t run, int64_t runs) {
+      const uint8_t* w = block(b) + g * kGemvGroupBytes;
+      for (int64_t i = 0; i < m; i += pass_rows) {
+        const int64_t rows = std::min(pass_rows, m - i);
+        // Prefetching past the end of `packed` is harmless: a prefetch never faults.
+        kernels.passes[rows - 1](x + i * stride + 4 * g, stride, w, i == 0 ? w + kPrefetchAhead : w, run, runs, part,
+                                 g == 0, y + i * n + col, n, columns(b));
+      }
+    };
+    for (int64_t g = 0; g < part; g += kRunGroups) passes(g, std::min(kRunGroups, part - g), kStreams);
+    if (kStreams * part < groups) passes(kStreams * part, groups - kStreams * part, 1);
+    finish(b);
+  };
+  const bool pairs = streams == GemvStreams::kBlockPairs && m <= kernels.pair_rows;
+  ParallelFor(CeilDiv(n, kGemvBlockCols), [&](int64_t begin, int64_t end) {
+    if (!pairs) {
+      for (int64_t b = begin; b < end; ++b) halves(b);
+      return;
+    }
+    // Block b of the range's first half beside block b + offset of its second; an odd range's
+    // last block of the first half alone.
+    const int64_t offset = CeilDiv(end - begin, 2);
+    for (int64_t b = begin; b + offset < end; ++b) {
+      const int64_t b1 = b + offset;
+      kernels.pair_passes[m - 1](x, stride, block(b), block(b1), groups, y + b * kGemvBlockCols, columns(b),
+                                 y + b1 * kGemvBlockCols, columns(b1), n);
+      finish(b);
+      finish(b1);
+    }
+    if ((end - begin) % 2) halves(begin + offset - 1);
   });
 }
 #endif
@@ -114,6 +144,10 @@ bool GemvIsaSupported(GemvIsa isa) {
 }
 
 bool Int8GemvSupported() { return GemvIsaSupported(GemvIsa::kAvx2) || GemvIsaSupported(GemvIsa::kAvx512Vnni); }
+
+GemvStreams BestGemvStreams() {
+  return GetCpuFeatures().amd ? GemvStreams::kBlockPairs : GemvStreams::kBlockHalves;
+}
 
 GemvIsa BestGemvIsa() {
   MOE_CHECK(Int8GemvSupported(), "Int8Gemv: this CPU has neither AVX2 nor AVX-512 VNNI");
@@ -158,35 +192,36 @@ void Int8RowBiases(const int8_t* x, int64_t m, int64_t k, int32_t* biases) {
   for (int64_t i = 0; i < m; ++i) biases[i] = 128 * kernels.row_sum(x + i * k, k);
 }
 
-void Int8Gemv(GemvIsa isa, const int8_t* x, int64_t m, const uint8_t* packed, int64_t n, int64_t k, int32_t* y) {
-  Products(KernelsFor(isa), x, m, packed, n, k, nullptr, nullptr, y);
+void Int8Gemv(GemvIsa isa, GemvStreams streams, const int8_t* x, int64_t m, const uint8_t* packed, int64_t n,
+              int64_t k, int32_t* y) {
+  Products(KernelsFor(isa), streams, x, m, packed, n, k, nullptr, nullptr, y);
 }
 
-void Int8GemvScaled(GemvIsa isa, const int8_t* x, const float* x_scales, int64_t m, const uint8_t* packed, int64_t n,
-                    int64_t k, const float* w_scales, float* y) {
+void Int8GemvScaled(GemvIsa isa, GemvStreams streams, const int8_t* x, const float* x_scales, int64_t m,
+                    const uint8_t* packed, int64_t n, int64_t k, const float* w_scales, float* y) {
   static_assert(sizeof(int32_t) == sizeof(float));
-  Products(KernelsFor(isa), x, m, packed, n, k, x_scales, w_scales, reinterpret_cast<int32_t*>(y));
+  Products(KernelsFor(isa), streams, x, m, packed, n, k, x_scales, w_scales, reinterpret_cast<int32_t*>(y));
 }
 #else
 void Int8RowBiases(const int8_t*, int64_t, int64_t, int32_t*) { MOE_CHECK(false, "Int8RowBiases needs x86-64"); }
 
-void Int8Gemv(GemvIsa, const int8_t*, int64_t, const uint8_t*, int64_t, int64_t, int32_t*) {
+void Int8Gemv(GemvIsa, GemvStreams, const int8_t*, int64_t, const uint8_t*, int64_t, int64_t, int32_t*) {
   MOE_CHECK(false, "Int8Gemv needs x86-64");
 }
 
-void Int8GemvScaled(GemvIsa, const int8_t*, const float*, int64_t, const uint8_t*, int64_t, int64_t, const float*,
-                    float*) {
+void Int8GemvScaled(GemvIsa, GemvStreams, const int8_t*, const float*, int64_t, const uint8_t*, int64_t, int64_t,
+                    const float*, float*) {
   MOE_CHECK(false, "Int8Gemv needs x86-64");
 }
 #endif
 
 void Int8Gemv(const int8_t* x, int64_t m, const uint8_t* packed, int64_t n, int64_t k, int32_t* y) {
-  Int8Gemv(BestGemvIsa(), x, m, packed, n, k, y);
+  Int8Gemv(BestGemvIsa(), BestGemvStreams(), x, m, packed, n, k, y);
 }
 
 void Int8GemvScaled(const int8_t* x, const float* x_scales, int64_t m, const uint8_t* packed, int64_t n, int64_t k,
                     const float* w_scales, float* y) {
-  Int8GemvScaled(BestGemvIsa(), x, x_scales, m, packed, n, k, w_scales, y);
+  Int8GemvScaled(BestGemvIsa(), BestGemvStreams(), x, x_scales, m, packed, n, k, w_scales, y);
 }
 
 }  // namespace moe::kernels::cpu

@@ -38,6 +38,15 @@ bool Int8GemvSupported();
 // Int8GemvSupported().
 GemvIsa BestGemvIsa();
 
+// How each thread reads its share of the weight's blocks (int8_gemv.cc): each block's two halves
+// of k side by side, or (for a few rows, where the kernels can) two blocks side by side, each
+// whole. The products are the same to the bit either way.
+enum class GemvStreams { kBlockHalves, kBlockPairs };
+
+// The faster of the two on this CPU, the one the calls without a choice take: block pairs on AMD,
+// where they were measured faster, block halves elsewhere.
+GemvStreams BestGemvStreams();
+
 // The bytes of an [n, k] I8 weight as PackInt8Gemv lays it out: n rounded up to 64, k to 4.
 int64_t Int8GemvPackedBytes(int64_t n, int64_t k);
 
@@ -46,19 +55,20 @@ int64_t Int8GemvPackedBytes(int64_t n, int64_t k);
 void PackInt8Gemv(const int8_t* w, int64_t n, int64_t k, uint8_t* packed);
 
 // y[i, j] = sum over p of x[i, p] * w[j, p], in INT32, for x [m, k] row-major and w [n, k] as
-// PackInt8Gemv laid it out: exact for any values and k up to 2^16, on BestGemvIsa(). Needs
-// Int8GemvSupported().
+// PackInt8Gemv laid it out: exact for any values and k up to 2^16, on BestGemvIsa() and
+// BestGemvStreams(). Needs Int8GemvSupported().
 void Int8Gemv(const int8_t* x, int64_t m, const uint8_t* packed, int64_t n, int64_t k, int32_t* y);
-// The same on a named instruction set (tests and benchmarks run each); it must be supported.
-void Int8Gemv(GemvIsa isa, const int8_t* x, int64_t m, const uint8_t* packed, int64_t n, int64_t k, int32_t* y);
+// The same on a named instruction set, which must be supported, and streams (the tests run each).
+void Int8Gemv(GemvIsa isa, GemvStreams streams, const int8_t* x, int64_t m, const uint8_t* packed, int64_t n,
+              int64_t k, int32_t* y);
 
 // Int8Gemv's products dequantized: y[i, j] = float(product) * x_scales[i] * w_scales[j], in that
 // order, the same bits as Matmul's epilogue gives oneDNN's products; done per block of columns
 // while its products are in cache, rather than in a pass of its own.
 void Int8GemvScaled(const int8_t* x, const float* x_scales, int64_t m, const uint8_t* packed, int64_t n, int64_t k,
                     const float* w_scales, float* y);
-void Int8GemvScaled(GemvIsa isa, const int8_t* x, const float* x_scales, int64_t m, const uint8_t* packed, int64_t n,
-                    int64_t k, const float* w_scales, float* y);
+void Int8GemvScaled(GemvIsa isa, GemvStreams streams, const int8_t* x, const float* x_scales, int64_t m,
+                    const uint8_t* packed, int64_t n, int64_t k, const float* w_scales, float* y);
 
 // biases[i] = 128 times the sum of x row i (x [m, k]): what a weight made unsigned (w + 128), as
 // PackInt8Gemv makes it, adds to each of the row's products. Needs Int8GemvSupported().

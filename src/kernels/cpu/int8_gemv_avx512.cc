@@ -38,15 +38,16 @@ MOE_AVX512_VNNI int32_t RowSum(const int8_t* x, int64_t k) {
   return _mm512_reduce_add_epi32(acc);
 }
 
-// acc[i] += the products of kM x rows (`stride` apart) and group g of a block.
-template <int kM>
+// acc[i] += the products of kM x rows (`stride` apart) and group g of a block, prefetching the
+// same group of `ahead` if kPrefetch.
+template <int kM, bool kPrefetch>
 MOE_INLINE_VNNI void AddGroup(__m512i (&acc)[kM][4], const int8_t* x, int64_t stride, const uint8_t* w,
                               const uint8_t* ahead, int64_t g) {
   const uint8_t* group = w + g * kGemvGroupBytes;
   __m512i wv[4];
 #pragma GCC unroll 4
   for (int v = 0; v < 4; ++v) {
-    _mm_prefetch(ahead + g * kGemvGroupBytes + 64 * v, _MM_HINT_T1);
+    if constexpr (kPrefetch) _mm_prefetch(ahead + g * kGemvGroupBytes + 64 * v, _MM_HINT_T1);
     wv[v] = _mm512_loadu_si512(group + 64 * v);
   }
 #pragma GCC unroll 8
@@ -69,7 +70,7 @@ MOE_AVX512_VNNI void Pass(const int8_t* x, int64_t stride, const uint8_t* w, con
     for (int v = 0; v < 4; ++v) acc[i][v] = _mm512_setzero_si512();
   }
   for (int64_t g = 0; g < groups; ++g) {
-    for (int64_t r = 0; r < runs; ++r) AddGroup<kM>(acc, x, stride, w, ahead, r * run_stride + g);
+    for (int64_t r = 0; r < runs; ++r) AddGroup<kM, true>(acc, x, stride, w, ahead, r * run_stride + g);
   }
   __mmask16 masks[4];
   ColumnMasks(cols, masks);
@@ -82,6 +83,35 @@ MOE_AVX512_VNNI void Pass(const int8_t* x, int64_t stride, const uint8_t* w, con
       int32_t* out = y + i * n + 16 * v;
       const __m512i before = _mm512_maskz_loadu_epi32(first ? 0 : masks[v], out);
       _mm512_mask_storeu_epi32(out, masks[v], _mm512_add_epi32(acc[i][v], before));
+    }
+  }
+}
+
+// Two blocks' sums side by side in registers, so each block is read once, in order, with no
+// prefetch: AMD's prefetchers follow the two streams.
+template <int kM>
+MOE_AVX512_VNNI void PairPass(const int8_t* x, int64_t stride, const uint8_t* w0, const uint8_t* w1, int64_t groups,
+                              int32_t* y0, int64_t cols0, int32_t* y1, int64_t cols1, int64_t n) {
+  static_assert(2 * kM * 4 + 4 + 1 <= 32, "both blocks' sums, a group's weights and an x group fit the registers");
+  __m512i acc0[kM][4], acc1[kM][4];
+#pragma GCC unroll 8
+  for (int i = 0; i < kM; ++i) {
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v) acc0[i][v] = acc1[i][v] = _mm512_setzero_si512();
+  }
+  for (int64_t g = 0; g < groups; ++g) {
+    AddGroup<kM, false>(acc0, x, stride, w0, nullptr, g);
+    AddGroup<kM, false>(acc1, x, stride, w1, nullptr, g);
+  }
+  __mmask16 masks0[4], masks1[4];
+  ColumnMasks(cols0, masks0);
+  ColumnMasks(cols1, masks1);
+#pragma GCC unroll 8
+  for (int i = 0; i < kM; ++i) {
+#pragma GCC unroll 4
+    for (int v = 0; v < 4; ++v) {
+      _mm512_mask_storeu_epi32(y0 + i * n + 16 * v, masks0[v], acc0[i][v]);
+      _mm512_mask_storeu_epi32(y1 + i * n + 16 * v, masks1[v], acc1[i][v]);
     }
   }
 }
@@ -104,9 +134,13 @@ MOE_AVX512_VNNI void FinishBlock(int32_t* row, int32_t bias, float x_scale, cons
 }  // namespace
 
 const GemvKernels& Avx512VnniGemvKernels() {
-  static_assert(kGemvMaxPassRows == 6);
-  static constexpr GemvKernels kernels{
-      6, {&Pass<1>, &Pass<2>, &Pass<3>, &Pass<4>, &Pass<5>, &Pass<6>}, &FinishBlock, &RowSum};
+  static_assert(kGemvMaxPassRows == 6 && kGemvMaxPairRows == 3);
+  static constexpr GemvKernels kernels{6,
+                                       {&Pass<1>, &Pass<2>, &Pass<3>, &Pass<4>, &Pass<5>, &Pass<6>},
+                                       &FinishBlock,
+                                       &RowSum,
+                                       3,
+                                       {&PairPass<1>, &PairPass<2>, &PairPass<3>}};
   return kernels;
 }
 
