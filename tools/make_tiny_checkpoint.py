@@ -26,6 +26,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import checkpoint_io  # noqa: E402
+from tiny_model import dsv3_spec  # noqa: E402
 
 # A small DeepSeek-V3: same fields as the official config.json, tiny sizes.
 V3_DEFAULTS = {
@@ -114,29 +115,9 @@ FP8_QUANT_CONFIG = {
 # Tokenizer: a byte-level BPE in the Hugging Face tokenizers schema of DeepSeek-V3's
 # tokenizer.json: 256 byte symbols (id = byte value), a few merges, then the special tokens.
 
-BOS = "<｜begin▁of▁sentence｜>"
-EOS = "<｜end▁of▁sentence｜>"
+BOS, EOS = dsv3_spec.BOS, dsv3_spec.EOS
 USER = "<｜User｜>"
 ASSISTANT = "<｜Assistant｜>"
-
-# DeepSeek-V3's pre-tokenizer: digits in runs of up to 3, CJK runs, then a GPT-style split,
-# then the byte-level mapping (without its own regex).
-PRE_TOKENIZER = {
-    "type": "Sequence",
-    "pretokenizers": [
-        {"type": "Split", "pattern": {"Regex": "\\p{N}{1,3}"},
-         "behavior": "Isolated", "invert": False},
-        {"type": "Split", "pattern": {"Regex": "[\u4e00-\u9fa5\u3040-\u309f\u30a0-\u30ff]+"},
-         "behavior": "Isolated", "invert": False},
-        {"type": "Split", "pattern": {"Regex":
-            "[!\"#$%&'()*+,\\-./:;<=>?@\\[\\\\\\]^_`{|}~][A-Za-z]+"
-            "|[^\r\n\\p{L}\\p{P}\\p{S}]?[\\p{L}\\p{M}]+"
-            "| ?[\\p{P}\\p{S}]+[\r\n]*|\\s*[\r\n]+|\\s+(?!\\S)|\\s+"},
-         "behavior": "Isolated", "invert": False},
-        {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
-         "use_regex": False},
-    ],
-}
 
 # Merges in priority order; each result is a new token. "Ġ" is the byte-level space.
 MERGES = [
@@ -202,7 +183,7 @@ def tokenizer_json():
                          added(ids["user"], USER, False),
                          added(ids["assistant"], ASSISTANT, False)],
         "normalizer": {"type": "Sequence", "normalizers": []},
-        "pre_tokenizer": PRE_TOKENIZER,
+        "pre_tokenizer": dsv3_spec.PRE_TOKENIZER,
         "post_processor": {"type": "ByteLevel", "add_prefix_space": True,
                            "trim_offsets": False, "use_regex": True},
         "decoder": {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True,
@@ -211,25 +192,6 @@ def tokenizer_json():
                   "continuing_subword_prefix": None, "end_of_word_suffix": None,
                   "fuse_unk": False, "byte_fallback": False, "vocab": vocab,
                   "merges": [f"{a} {b}" for a, b in MERGES]},
-    }
-
-
-def tokenizer_config_json():
-    def tok(content):
-        return {"__type": "AddedToken", "content": content, "lstrip": False,
-                "normalized": True, "rstrip": False, "single_word": False}
-    return {
-        "add_bos_token": True,
-        "add_eos_token": False,
-        "bos_token": tok(BOS),
-        "eos_token": tok(EOS),
-        "pad_token": tok(EOS),
-        "unk_token": None,
-        "clean_up_tokenization_spaces": False,
-        "legacy": True,
-        "model_max_length": 16384,
-        "tokenizer_class": "LlamaTokenizerFast",
-        "chat_template": CHAT_TEMPLATE,
     }
 
 
@@ -588,7 +550,7 @@ def make_checkpoint(out_dir, overrides=None, storage="f32", shards=1, negative_b
 
     dump("config.json", cfg)
     dump("tokenizer.json", tokenizer_json())
-    dump("tokenizer_config.json", tokenizer_config_json())
+    dump("tokenizer_config.json", dsv3_spec.tokenizer_config(CHAT_TEMPLATE, 16384))
     dump("generation_config.json", {"_from_model_config": True, "bos_token_id": ids["bos"],
                                     "eos_token_id": ids["eos"], "do_sample": True,
                                     "temperature": 0.6, "top_p": 0.95,

@@ -16,9 +16,8 @@ import os
 import regex
 
 from . import dsv3_spec
+from .dsv3_spec import BOS, EOS
 
-BOS = "<｜begin▁of▁sentence｜>"
-EOS = "<｜end▁of▁sentence｜>"
 USER = "<｜User｜>"
 ASSISTANT = "<｜Assistant｜>"
 
@@ -241,31 +240,13 @@ class Tokenizer:
                       "merges": [f"{a} {b}" for a, b in self.merges]},
         }
 
-    def tokenizer_config_json(self, max_len):
-        def tok(content):
-            return {"__type": "AddedToken", "content": content, "lstrip": False, "normalized": True,
-                    "rstrip": False, "single_word": False}
-        return {
-            "add_bos_token": True,
-            "add_eos_token": False,
-            "bos_token": tok(BOS),
-            "eos_token": tok(EOS),
-            "pad_token": tok(EOS),
-            "unk_token": None,
-            "clean_up_tokenization_spaces": False,
-            "legacy": True,
-            "model_max_length": max_len,
-            "sp_model_kwargs": {},
-            "tokenizer_class": "LlamaTokenizerFast",
-            "chat_template": dsv3_spec.CHAT_TEMPLATE,
-        }
 
     def save(self, out_dir, max_len):
         with open(os.path.join(out_dir, "tokenizer.json"), "w", encoding="utf-8") as f:
             json.dump(self.tokenizer_json(), f, ensure_ascii=False, indent=2)
             f.write("\n")
         with open(os.path.join(out_dir, "tokenizer_config.json"), "w", encoding="utf-8") as f:
-            json.dump(self.tokenizer_config_json(max_len), f, ensure_ascii=False, indent=2)
+            json.dump(dsv3_spec.tokenizer_config(dsv3_spec.CHAT_TEMPLATE, max_len), f, ensure_ascii=False, indent=2)
             f.write("\n")
 
     @classmethod
