@@ -53,7 +53,7 @@ const char* GemvIsaName(cpu::GemvIsa isa) {
 }
 
 const char* GemvStreamsName(cpu::GemvStreams streams) {
-  return streams == cpu::GemvStreams::kBlockPairs ? "block pairs" : "block halves";
+  return streams == cpu::GemvStreams::kSideBySide ? "blocks side by side" : "block halves";
 }
 
 std::vector<cpu::GemvIsa> SupportedGemvIsas() {
@@ -74,7 +74,7 @@ void ExpectProductsExact(const std::vector<int8_t>& x, int64_t m, const std::vec
   for (int64_t i = 0; i < m; ++i) x_scales[i] = 0.01f + 0.003f * static_cast<float>(i);
   for (int64_t j = 0; j < n; ++j) w_scales[j] = 0.02f - 0.0001f * static_cast<float>(j);
   for (cpu::GemvIsa isa : SupportedGemvIsas()) {
-    for (cpu::GemvStreams streams : {cpu::GemvStreams::kBlockHalves, cpu::GemvStreams::kBlockPairs}) {
+    for (cpu::GemvStreams streams : {cpu::GemvStreams::kBlockHalves, cpu::GemvStreams::kSideBySide}) {
       std::vector<int32_t> y(m * n);
       cpu::Int8Gemv(isa, streams, x.data(), m, packed.data(), n, k, y.data());
       for (int64_t i = 0; i < m * n; ++i) {
@@ -104,10 +104,10 @@ class Int8GemvTest : public testing::TestWithParam<std::tuple<int64_t, int64_t>>
 
 // Every pass size (1-6 rows, passes split evenly), partial column blocks and vectors, k past a
 // whole group, odd numbers of groups (one left over after the two halves), several runs a half;
-// threads with one block, with several pairs of blocks and with one left over.
+// threads with one block, with several sets of blocks side by side and with some left over.
 TEST_P(Int8GemvTest, MatchesScalarProductsExactly) {
   const auto [m, k] = GetParam();
-  for (int64_t n : {1, 5, 16, 17, 33, 64, 65, 130, 327, 576}) {
+  for (int64_t n : {1, 5, 16, 17, 33, 64, 65, 130, 327, 576, 1391}) {
     const std::vector<int8_t> x = RandomInt8(m * k, 1, -127, 127), w = RandomInt8(n * k, 2, -128, 127);
     ExpectProductsExact(x, m, w, n, k);
   }

@@ -28,14 +28,17 @@
 // experts took ~5% less time (bench/RESULTS.md). INT32 sums are exact in any order, so the
 // products do not change.
 //
-// Block pairs (GemvStreams::kBlockPairs). On the AMD EPYC measured, the halves of each block did
-// worse than two long runs: a thread's blocks in two halves of its range, one block of each read
-// side by side over its whole k, nothing prefetched (the blocks of a half lie end to end, so each
-// is one stream through memory). A synthetic loop of two threads read 56.8 GB/s from the halves of
-// 64 KiB with the prefetch and 64.5 from two long runs without; Int8Gemv at 1 row 46.5 -> 56.6
-// GB/s on a 512 MiB weight, 48.0 -> 55.3 on expert shapes, and the batch-1 decode step took 8-10%
-// less time (bench/RESULTS.md). Two blocks' sums take twice the registers, so pairs are for up to
-// pair_rows rows; more rows take the halves. The Xeons measured before keep the halves.
+// Blocks side by side (GemvStreams::kSideBySide). On the AMD EPYC measured, the halves of each
+// block did worse than whole blocks read side by side: a thread's blocks in equal parts of its
+// range, the j-th block of each part read together over its whole k, nothing prefetched (the
+// blocks of a part lie end to end, so each part is one stream through memory). A synthetic loop of
+// two threads read 56.8 GB/s from the halves of 64 KiB with the prefetch and 64.5 from two long
+// runs without; Int8Gemv at 1 row 46.5 -> 56.6 GB/s on a 512 MiB weight, 48.0 -> 55.3 on expert
+// shapes, and the batch-1 decode step took 8-10% less time with two parts. Four streams a thread
+// read faster again than two (a synthetic loop: 54.0-67.8 GB/s against 50.6-57.8) and took the
+// batch-1 step 2-3% less time, but a block's sums take 4 vectors a row, so four parts only at 1
+// row, two at 2 and 3 rows (three at 2 rows measured no faster), and more rows take the halves
+// (bench/RESULTS.md). The Xeons measured before keep the halves.
 #include "kernels/cpu/int8_gemv.h"
 
 #include <algorithm>
@@ -110,23 +113,29 @@ void Products(const GemvKernels& kernels, GemvStreams streams, const int8_t* x, 
     if (kStreams * part < groups) passes(kStreams * part, groups - kStreams * part, 1);
     finish(b);
   };
-  const bool pairs = streams == GemvStreams::kBlockPairs && m <= kernels.pair_rows;
+  const bool side = streams == GemvStreams::kSideBySide && m <= kernels.side_rows;
+  const int64_t together = side ? kernels.side_blocks[m - 1] : 1;
   ParallelFor(CeilDiv(n, kGemvBlockCols), [&](int64_t begin, int64_t end) {
-    if (!pairs) {
+    if (!side) {
       for (int64_t b = begin; b < end; ++b) halves(b);
       return;
     }
-    // Block b of the range's first half beside block b + offset of its second; an odd range's
-    // last block of the first half alone.
-    const int64_t offset = CeilDiv(end - begin, 2);
-    for (int64_t b = begin; b + offset < end; ++b) {
-      const int64_t b1 = b + offset;
-      kernels.pair_passes[m - 1](x, stride, block(b), block(b1), groups, y + b * kGemvBlockCols, columns(b),
-                                 y + b1 * kGemvBlockCols, columns(b1), n);
-      finish(b);
-      finish(b1);
+    // The range's first `together` parts of `part` blocks, the j-th block of each read side by
+    // side; the blocks past them alone.
+    const int64_t part = (end - begin) / together;
+    for (int64_t j = begin; j < begin + part; ++j) {
+      const uint8_t* w[kGemvMaxSideBlocks];
+      int32_t* out[kGemvMaxSideBlocks];
+      int64_t cols[kGemvMaxSideBlocks];
+      for (int64_t p = 0; p < together; ++p) {
+        w[p] = block(j + p * part);
+        out[p] = y + (j + p * part) * kGemvBlockCols;
+        cols[p] = columns(j + p * part);
+      }
+      kernels.side_passes[m - 1](x, stride, w, groups, out, cols, n);
+      for (int64_t p = 0; p < together; ++p) finish(j + p * part);
     }
-    if ((end - begin) % 2) halves(begin + offset - 1);
+    for (int64_t b = begin + together * part; b < end; ++b) halves(b);
   });
 }
 #endif
@@ -146,7 +155,7 @@ bool GemvIsaSupported(GemvIsa isa) {
 bool Int8GemvSupported() { return GemvIsaSupported(GemvIsa::kAvx2) || GemvIsaSupported(GemvIsa::kAvx512Vnni); }
 
 GemvStreams BestGemvStreams() {
-  return GetCpuFeatures().amd ? GemvStreams::kBlockPairs : GemvStreams::kBlockHalves;
+  return GetCpuFeatures().amd ? GemvStreams::kSideBySide : GemvStreams::kBlockHalves;
 }
 
 GemvIsa BestGemvIsa() {

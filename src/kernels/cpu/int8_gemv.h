@@ -39,12 +39,12 @@ bool Int8GemvSupported();
 GemvIsa BestGemvIsa();
 
 // How each thread reads its share of the weight's blocks (int8_gemv.cc): each block's two halves
-// of k side by side, or (for a few rows, where the kernels can) two blocks side by side, each
+// of k side by side, or (for a few rows, where the kernels can) several blocks side by side, each
 // whole. The products are the same to the bit either way.
-enum class GemvStreams { kBlockHalves, kBlockPairs };
+enum class GemvStreams { kBlockHalves, kSideBySide };
 
-// The faster of the two on this CPU, the one the calls without a choice take: block pairs on AMD,
-// where they were measured faster, block halves elsewhere.
+// The faster of the two on this CPU, the one the calls without a choice take: blocks side by side
+// on AMD, where they were measured faster, block halves elsewhere.
 GemvStreams BestGemvStreams();
 
 // The bytes of an [n, k] I8 weight as PackInt8Gemv lays it out: n rounded up to 64, k to 4.

@@ -87,31 +87,33 @@ MOE_AVX512_VNNI void Pass(const int8_t* x, int64_t stride, const uint8_t* w, con
   }
 }
 
-// Two blocks' sums side by side in registers, so each block is read once, in order, with no
-// prefetch: AMD's prefetchers follow the two streams.
-template <int kM>
-MOE_AVX512_VNNI void PairPass(const int8_t* x, int64_t stride, const uint8_t* w0, const uint8_t* w1, int64_t groups,
-                              int32_t* y0, int64_t cols0, int32_t* y1, int64_t cols1, int64_t n) {
-  static_assert(2 * kM * 4 + 4 + 1 <= 32, "both blocks' sums, a group's weights and an x group fit the registers");
-  __m512i acc0[kM][4], acc1[kM][4];
-#pragma GCC unroll 8
-  for (int i = 0; i < kM; ++i) {
+// kBlocks blocks' sums side by side in registers, so each block is read once, in order, with no
+// prefetch: AMD's prefetchers follow every stream.
+template <int kBlocks, int kM>
+MOE_AVX512_VNNI void SidePass(const int8_t* x, int64_t stride, const uint8_t* const* w, int64_t groups,
+                              int32_t* const* y, const int64_t* cols, int64_t n) {
+  static_assert(kBlocks * kM * 4 + 4 + 1 <= 32, "every block's sums, a group's weights and an x group fit the registers");
+  __m512i acc[kBlocks][kM][4];
 #pragma GCC unroll 4
-    for (int v = 0; v < 4; ++v) acc0[i][v] = acc1[i][v] = _mm512_setzero_si512();
+  for (int b = 0; b < kBlocks; ++b) {
+#pragma GCC unroll 8
+    for (int i = 0; i < kM; ++i) {
+#pragma GCC unroll 4
+      for (int v = 0; v < 4; ++v) acc[b][i][v] = _mm512_setzero_si512();
+    }
   }
   for (int64_t g = 0; g < groups; ++g) {
-    AddGroup<kM, false>(acc0, x, stride, w0, nullptr, g);
-    AddGroup<kM, false>(acc1, x, stride, w1, nullptr, g);
-  }
-  __mmask16 masks0[4], masks1[4];
-  ColumnMasks(cols0, masks0);
-  ColumnMasks(cols1, masks1);
-#pragma GCC unroll 8
-  for (int i = 0; i < kM; ++i) {
 #pragma GCC unroll 4
-    for (int v = 0; v < 4; ++v) {
-      _mm512_mask_storeu_epi32(y0 + i * n + 16 * v, masks0[v], acc0[i][v]);
-      _mm512_mask_storeu_epi32(y1 + i * n + 16 * v, masks1[v], acc1[i][v]);
+    for (int b = 0; b < kBlocks; ++b) AddGroup<kM, false>(acc[b], x, stride, w[b], nullptr, g);
+  }
+#pragma GCC unroll 4
+  for (int b = 0; b < kBlocks; ++b) {
+    __mmask16 masks[4];
+    ColumnMasks(cols[b], masks);
+#pragma GCC unroll 8
+    for (int i = 0; i < kM; ++i) {
+#pragma GCC unroll 4
+      for (int v = 0; v < 4; ++v) _mm512_mask_storeu_epi32(y[b] + i * n + 16 * v, masks[v], acc[b][i][v]);
     }
   }
 }
@@ -134,13 +136,14 @@ MOE_AVX512_VNNI void FinishBlock(int32_t* row, int32_t bias, float x_scale, cons
 }  // namespace
 
 const GemvKernels& Avx512VnniGemvKernels() {
-  static_assert(kGemvMaxPassRows == 6 && kGemvMaxPairRows == 3);
+  static_assert(kGemvMaxPassRows == 6 && kGemvMaxSideRows == 3);
   static constexpr GemvKernels kernels{6,
                                        {&Pass<1>, &Pass<2>, &Pass<3>, &Pass<4>, &Pass<5>, &Pass<6>},
                                        &FinishBlock,
                                        &RowSum,
                                        3,
-                                       {&PairPass<1>, &PairPass<2>, &PairPass<3>}};
+                                       {4, 2, 2},
+                                       {&SidePass<4, 1>, &SidePass<2, 2>, &SidePass<2, 3>}};
   return kernels;
 }
 

@@ -11,7 +11,8 @@ namespace moe::kernels::cpu {
 inline constexpr int64_t kGemvBlockCols = 64;                 // output columns of a block
 inline constexpr int64_t kGemvGroupBytes = 4 * kGemvBlockCols;  // one group of 4 bytes of k for a block
 inline constexpr int kGemvMaxPassRows = 6;
-inline constexpr int kGemvMaxPairRows = 3;
+inline constexpr int kGemvMaxSideRows = 3;
+inline constexpr int kGemvMaxSideBlocks = 4;
 
 struct GemvKernels {
   // passes[r - 1]: y[i, 0..cols) (+)= the products of r x rows (`stride` apart) and `runs` runs of
@@ -19,10 +20,11 @@ struct GemvKernels {
   // `ahead` on; rows of y n apart. `first` starts the sums, otherwise they add to y's.
   using Pass = void (*)(const int8_t* x, int64_t stride, const uint8_t* w, const uint8_t* ahead, int64_t groups,
                         int64_t runs, int64_t run_stride, bool first, int32_t* y, int64_t n, int64_t cols);
-  // pair_passes[r - 1]: y0[i, 0..cols0) = the products of r x rows and block w0, y1[i, 0..cols1)
-  // of block w1, both over all `groups` groups, read in turns; rows of y n apart.
-  using PairPass = void (*)(const int8_t* x, int64_t stride, const uint8_t* w0, const uint8_t* w1, int64_t groups,
-                            int32_t* y0, int64_t cols0, int32_t* y1, int64_t cols1, int64_t n);
+  // side_passes[r - 1]: for each of side_blocks[r - 1] blocks w[b], y[b][i, 0..cols[b]) = the
+  // products of r x rows and the block over all `groups` groups, the blocks read in turns; rows of
+  // y n apart.
+  using SidePass = void (*)(const int8_t* x, int64_t stride, const uint8_t* const* w, int64_t groups,
+                            int32_t* const* y, const int64_t* cols, int64_t n);
   // A row's first `cols` sums of a block less the bias; with w_scales (the block's), turned into
   // F32 times x_scale, then times each column's scale, in place.
   using Finish = void (*)(int32_t* row, int32_t bias, float x_scale, const float* w_scales, int64_t cols);
@@ -33,8 +35,9 @@ struct GemvKernels {
   Pass passes[kGemvMaxPassRows];
   Finish finish;
   RowSum row_sum;
-  int pair_rows = 0;  // the most rows a pair pass takes (0: the kernels have none)
-  PairPass pair_passes[kGemvMaxPairRows] = {};
+  int side_rows = 0;  // the most rows a side pass takes (0: the kernels have none)
+  int side_blocks[kGemvMaxSideRows] = {};  // <= kGemvMaxSideBlocks
+  SidePass side_passes[kGemvMaxSideRows] = {};
 };
 
 const GemvKernels& Avx512VnniGemvKernels();
