@@ -87,11 +87,26 @@ MOE_AVX512_VNNI void Pass(const int8_t* x, int64_t stride, const uint8_t* w, con
   }
 }
 
+// A vector of a row's sums less the bias into `out`; with w_scales (the vector's), turned into F32
+// times x_scale, then times each column's scale.
+MOE_INLINE_VNNI void FinishVector(__m512i sums, int32_t bias, float x_scale, const float* w_scales, __mmask16 mask,
+                                  int32_t* out) {
+  sums = _mm512_sub_epi32(sums, _mm512_set1_epi32(bias));
+  if (!w_scales) {
+    _mm512_mask_storeu_epi32(out, mask, sums);
+    return;
+  }
+  const __m512 scaled = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(sums), _mm512_set1_ps(x_scale)),
+                                      _mm512_maskz_loadu_ps(mask, w_scales));
+  _mm512_mask_storeu_ps(out, mask, scaled);
+}
+
 // kBlocks blocks' sums side by side in registers, so each block is read once, in order, with no
 // prefetch: AMD's prefetchers follow every stream.
 template <int kBlocks, int kM>
 MOE_AVX512_VNNI void SidePass(const int8_t* x, int64_t stride, const uint8_t* const* w, int64_t groups,
-                              int32_t* const* y, const int64_t* cols, int64_t n) {
+                              int32_t* const* y, const int64_t* cols, int64_t n, const int32_t* bias,
+                              const float* x_scales, const float* const* w_scales) {
   static_assert(kBlocks * kM * 4 + 4 + 1 <= 32, "every block's sums, a group's weights and an x group fit the registers");
   __m512i acc[kBlocks][kM][4];
 #pragma GCC unroll 4
@@ -113,7 +128,10 @@ MOE_AVX512_VNNI void SidePass(const int8_t* x, int64_t stride, const uint8_t* co
 #pragma GCC unroll 8
     for (int i = 0; i < kM; ++i) {
 #pragma GCC unroll 4
-      for (int v = 0; v < 4; ++v) _mm512_mask_storeu_epi32(y[b] + i * n + 16 * v, masks[v], acc[b][i][v]);
+      for (int v = 0; v < 4; ++v) {
+        FinishVector(acc[b][i][v], bias[i], x_scales ? x_scales[i] : 0.0f, w_scales ? w_scales[b] + 16 * v : nullptr,
+                     masks[v], y[b] + i * n + 16 * v);
+      }
     }
   }
 }
@@ -122,14 +140,8 @@ MOE_AVX512_VNNI void FinishBlock(int32_t* row, int32_t bias, float x_scale, cons
   __mmask16 masks[4];
   ColumnMasks(cols, masks);
   for (int v = 0; v < 4; ++v) {
-    const __m512i sums = _mm512_sub_epi32(_mm512_maskz_loadu_epi32(masks[v], row + 16 * v), _mm512_set1_epi32(bias));
-    if (!w_scales) {
-      _mm512_mask_storeu_epi32(row + 16 * v, masks[v], sums);
-      continue;
-    }
-    const __m512 scaled = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(sums), _mm512_set1_ps(x_scale)),
-                                        _mm512_maskz_loadu_ps(masks[v], w_scales + 16 * v));
-    _mm512_mask_storeu_ps(row + 16 * v, masks[v], scaled);
+    FinishVector(_mm512_maskz_loadu_epi32(masks[v], row + 16 * v), bias, x_scale, w_scales ? w_scales + 16 * v : nullptr,
+                 masks[v], row + 16 * v);
   }
 }
 

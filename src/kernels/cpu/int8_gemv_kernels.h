@@ -21,10 +21,12 @@ struct GemvKernels {
   using Pass = void (*)(const int8_t* x, int64_t stride, const uint8_t* w, const uint8_t* ahead, int64_t groups,
                         int64_t runs, int64_t run_stride, bool first, int32_t* y, int64_t n, int64_t cols);
   // side_passes[r - 1]: for each of side_blocks[r - 1] blocks w[b], y[b][i, 0..cols[b]) = the
-  // products of r x rows and the block over all `groups` groups, the blocks read in turns; rows of
-  // y n apart.
+  // products of r x rows and the block over all `groups` groups, the blocks read in turns, less
+  // bias[i]; with w_scales (the blocks'), as F32 times x_scales[i], then times each column's scale,
+  // as Finish makes them. Rows of y n apart.
   using SidePass = void (*)(const int8_t* x, int64_t stride, const uint8_t* const* w, int64_t groups,
-                            int32_t* const* y, const int64_t* cols, int64_t n);
+                            int32_t* const* y, const int64_t* cols, int64_t n, const int32_t* bias,
+                            const float* x_scales, const float* const* w_scales);
   // A row's first `cols` sums of a block less the bias; with w_scales (the block's), turned into
   // F32 times x_scale, then times each column's scale, in place.
   using Finish = void (*)(int32_t* row, int32_t bias, float x_scale, const float* w_scales, int64_t cols);
