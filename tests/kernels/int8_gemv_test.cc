@@ -141,6 +141,18 @@ TEST(Int8GemvExtremesTest, MatchesScalarProductsExactly) {
   }
 }
 
+// No rows: nothing to compute, and nothing written.
+TEST(Int8GemvNoRowsTest, WritesNothing) {
+  if (!cpu::Int8GemvSupported()) GTEST_SKIP() << "this CPU has neither AVX2 nor AVX-512 VNNI";
+  const int64_t n = 70, k = 40;
+  const std::vector<int8_t> w = RandomInt8(n * k, 4, -128, 127);
+  std::vector<uint8_t> packed(cpu::Int8GemvPackedBytes(n, k));
+  cpu::PackInt8Gemv(w.data(), n, k, packed.data());
+  int32_t y = 7;
+  cpu::Int8Gemv(nullptr, 0, packed.data(), n, k, &y);
+  EXPECT_EQ(y, 7);
+}
+
 // Int8GemmAmx (and Int8GemmAmxScaled) on Int8Gemv's packed weight: to the bit, at row counts
 // around its tasks of 16 and 32 rows and chunks of 256, over several blocks of k and of columns,
 // with the extreme values in the mix.

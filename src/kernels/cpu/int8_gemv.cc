@@ -76,6 +76,7 @@ const GemvKernels& KernelsFor(GemvIsa isa) {
 // block by block while the block is in cache.
 void Products(const GemvKernels& kernels, GemvStreams streams, const int8_t* x, int64_t m, const uint8_t* packed,
               int64_t n, int64_t k, const float* x_scales, const float* w_scales, int32_t* y) {
+  if (m == 0) return;
   std::vector<int32_t> bias(m);
   for (int64_t i = 0; i < m; ++i) bias[i] = 128 * kernels.row_sum(x + i * k, k);
   // Rows whose k is not a whole number of groups are read from a copy padded with zeros.
