@@ -24,6 +24,7 @@
 #include "base/int_math.h"
 #include "base/thread_pool.h"
 #include "kernels/cpu/argmax_candidates.h"
+#include "kernels/cpu/avx512.h"
 #include "kernels/cpu/int8_gemv.h"
 #include "kernels/kernels.h"
 
@@ -174,6 +175,26 @@ const int32_t* cpu::Int8GemmOneDnn(const int8_t* src, int64_t m, int64_t k, int6
 
 namespace {
 
+// row[j] = float(products[j]) * src_scale * col_scales[j], in that order (Int8GemvScaled's bits):
+// an I8 GEMM's epilogue, in place when products is row's storage.
+void ScaleProducts(const int32_t* products, float src_scale, const float* col_scales, int64_t n, float* row) {
+  for (int64_t j = 0; j < n; ++j) row[j] = static_cast<float>(products[j]) * src_scale * col_scales[j];
+}
+
+#if defined(__x86_64__)
+// The same operations on each value, so the same bits; 16 at a time rather than SSE's 4.
+MOE_AVX512 void ScaleProductsAvx512(const int32_t* products, float src_scale, const float* col_scales, int64_t n,
+                                    float* row) {
+  const __m512 scale = _mm512_set1_ps(src_scale);
+  int64_t j = 0;
+  for (; j + 16 <= n; j += 16) {
+    const __m512 values = _mm512_cvtepi32_ps(_mm512_loadu_si512(products + j));
+    _mm512_storeu_ps(row + j, _mm512_mul_ps(_mm512_mul_ps(values, scale), _mm512_loadu_ps(col_scales + j)));
+  }
+  ScaleProducts(products + j, src_scale, col_scales + j, n - j, row + j);
+}
+#endif
+
 // Products in the weights' type (I8: into y's storage as INT32) through the runtime-M primitive.
 void ExecutePlain(const void* src, int64_t m, const TensorView& w, float* y) {
   MOE_CHECK(w.data != nullptr, "Matmul: an I8 weight held only packed came without its packed layout");
@@ -212,11 +233,14 @@ void Execute(const void* src, const float* src_scales, int64_t m, const Weight& 
   }
 
   if (w.dtype == DType::kI8) {
+#if defined(__x86_64__)
+    static const auto scale_products = GetCpuFeatures().avx512f ? ScaleProductsAvx512 : ScaleProducts;
+#else
+    static const auto scale_products = ScaleProducts;
+#endif
     ParallelFor(m, [&](int64_t begin, int64_t end) {
       for (int64_t i = begin; i < end; ++i) {
-        const int32_t* in = products + i * n;
-        float* row = y + i * n;
-        for (int64_t j = 0; j < n; ++j) row[j] = static_cast<float>(in[j]) * src_scales[i] * weight.row_scales[j];
+        scale_products(products + i * n, src_scales[i], weight.row_scales, n, y + i * n);
       }
     });
   }
