@@ -19,7 +19,9 @@
 // Blocking. A pass takes up to the kernels' pass_rows x rows (6 on AVX-512, 1 on AVX2, as many as
 // the registers hold sums for) against one block over a chunk of k (32 KiB of weight, which stays
 // in L1 for the chunk's later passes), the first pass prefetching ahead; partial sums wait in y
-// between chunks. Threads split the blocks.
+// between chunks, and the block's last passes finish them from the registers (the bias off, the
+// scales on) rather than leaving them for another pass over y: the batch-1 step ~1% less time, the
+// 32-way step ~0.7%. Threads split the blocks.
 //
 // Two streams. A chunk is two runs of groups, one from each half of the block's k, read in turns,
 // so that each thread streams from two places in memory at once: on the AMX Xeon measured, two
@@ -38,9 +40,7 @@
 // read faster again than two (a synthetic loop: 54.0-67.8 GB/s against 50.6-57.8) and took the
 // batch-1 step 2-3% less time, but a block's sums take 4 vectors a row, so four parts only at 1
 // row, two at 2 and 3 rows (three at 2 rows measured no faster), and more rows take the halves
-// (bench/RESULTS.md). The Xeons measured before keep the halves. A side pass, over the whole k,
-// finishes its blocks from the registers (bias, scales) rather than from y afterwards: the
-// batch-1 step ~1% less time.
+// (bench/RESULTS.md). The Xeons measured before keep the halves.
 #include "kernels/cpu/int8_gemv.h"
 
 #include <algorithm>
@@ -92,29 +92,26 @@ void Products(const GemvKernels& kernels, GemvStreams streams, const int8_t* x, 
   const int64_t pass_rows = CeilDiv(m, CeilDiv(m, int64_t{kernels.pass_rows}));
   auto block = [&](int64_t b) { return packed + b * groups * kGemvGroupBytes; };
   auto columns = [&](int64_t b) { return std::min(kGemvBlockCols, n - b * kGemvBlockCols); };
-  auto finish = [&](int64_t b) {
-    const int64_t col = b * kGemvBlockCols;
-    for (int64_t i = 0; i < m; ++i) {
-      kernels.finish(y + i * n + col, bias[i], x_scales ? x_scales[i] : 0.0f, x_scales ? w_scales + col : nullptr,
-                     columns(b));
-    }
-  };
   // Block b in chunks, each chunk's kStreams runs, [g, g + run) of each kStreams-th of k, then the
   // groups left over as one.
   auto halves = [&](int64_t b) {
     const int64_t col = b * kGemvBlockCols, part = groups / kStreams;
-    auto passes = [&](int64_t g, int64_t run, int64_t runs) {
+    // The block's last passes finish its sums.
+    auto passes = [&](int64_t g, int64_t run, int64_t runs, bool last) {
       const uint8_t* w = block(b) + g * kGemvGroupBytes;
       for (int64_t i = 0; i < m; i += pass_rows) {
         const int64_t rows = std::min(pass_rows, m - i);
+        const GemvFinish finish{bias.data() + i, x_scales ? x_scales + i : nullptr, x_scales ? w_scales + col : nullptr};
         // Prefetching past the end of `packed` is harmless: a prefetch never faults.
         kernels.passes[rows - 1](x + i * stride + 4 * g, stride, w, i == 0 ? w + kPrefetchAhead : w, run, runs, part,
-                                 g == 0, y + i * n + col, n, columns(b));
+                                 g == 0, y + i * n + col, n, columns(b), last ? &finish : nullptr);
       }
     };
-    for (int64_t g = 0; g < part; g += kRunGroups) passes(g, std::min(kRunGroups, part - g), kStreams);
-    if (kStreams * part < groups) passes(kStreams * part, groups - kStreams * part, 1);
-    finish(b);
+    const bool leftover = kStreams * part < groups;
+    for (int64_t g = 0; g < part; g += kRunGroups) {
+      passes(g, std::min(kRunGroups, part - g), kStreams, !leftover && g + kRunGroups >= part);
+    }
+    if (leftover) passes(kStreams * part, groups - kStreams * part, 1, true);
   };
   const bool side = streams == GemvStreams::kSideBySide && m <= kernels.side_rows;
   const int64_t together = side ? kernels.side_blocks[m - 1] : 1;

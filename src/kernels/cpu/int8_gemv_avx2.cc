@@ -86,19 +86,41 @@ MOE_INLINE_AVX2 __m256i Unshuffle(__m256i sums) {
   return _mm256_permutevar8x32_epi32(sums, _mm256_setr_epi32(0, 1, 4, 5, 2, 3, 6, 7));
 }
 
-// y[0, 0..cols) (+)= acc.
-MOE_INLINE_AVX2 void AddToRow(const __m256i (&acc)[kVectors], bool first, int32_t* y, int64_t cols) {
+// A vector of a row's sums less the bias into `out`; with w_scales (the vector's), turned into F32
+// times x_scale, then times each column's scale.
+MOE_INLINE_AVX2 void FinishVector(__m256i sums, int32_t bias, float x_scale, const float* w_scales, __m256i mask,
+                                  int* out) {
+  sums = _mm256_sub_epi32(sums, _mm256_set1_epi32(bias));
+  if (!w_scales) {
+    _mm256_maskstore_epi32(out, mask, sums);
+    return;
+  }
+  const __m256 scaled =
+      _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(sums), _mm256_set1_ps(x_scale)), _mm256_maskload_ps(w_scales, mask));
+  _mm256_maskstore_ps(reinterpret_cast<float*>(out), mask, scaled);
+}
+
+// y[0, 0..cols) (+)= acc, finished with `finish` if kFinish.
+template <bool kFinish>
+MOE_INLINE_AVX2 void AddToRow(const __m256i (&acc)[kVectors], bool first, int32_t* y, int64_t cols,
+                              const GemvFinish* finish) {
 #pragma GCC unroll 8
   for (int v = 0; v < kVectors; ++v) {
     const __m256i mask = LaneMask(cols - 8 * v);
     int* out = reinterpret_cast<int*>(y + 8 * v);
-    const __m256i before = first ? _mm256_setzero_si256() : _mm256_maskload_epi32(out, mask);
-    _mm256_maskstore_epi32(out, mask, _mm256_add_epi32(acc[v], before));
+    const __m256i sums = _mm256_add_epi32(acc[v], first ? _mm256_setzero_si256() : _mm256_maskload_epi32(out, mask));
+    if constexpr (kFinish) {
+      FinishVector(sums, finish->bias[0], finish->x_scales ? finish->x_scales[0] : 0.0f,
+                   finish->w_scales ? finish->w_scales + 8 * v : nullptr, mask, out);
+    } else {
+      _mm256_maskstore_epi32(out, mask, sums);
+    }
   }
 }
 
-MOE_AVX_VNNI void PassVnni(const int8_t* x, int64_t, const uint8_t* w, const uint8_t* ahead, int64_t groups,
-                           int64_t runs, int64_t run_stride, bool first, int32_t* y, int64_t, int64_t cols) {
+template <bool kFinish>
+MOE_AVX_VNNI void PassVnniOf(const int8_t* x, const uint8_t* w, const uint8_t* ahead, int64_t groups, int64_t runs,
+                             int64_t run_stride, bool first, int32_t* y, int64_t cols, const GemvFinish* finish) {
   // Every loop over the accumulators unrolled, so that they stay in registers.
   __m256i acc[kVectors];
 #pragma GCC unroll 8
@@ -106,11 +128,12 @@ MOE_AVX_VNNI void PassVnni(const int8_t* x, int64_t, const uint8_t* w, const uin
   for (int64_t g = 0; g < groups; ++g) {
     for (int64_t r = 0; r < runs; ++r) AddGroupVnni(acc, x, w, ahead, r * run_stride + g);
   }
-  AddToRow(acc, first, y, cols);
+  AddToRow<kFinish>(acc, first, y, cols, finish);
 }
 
-MOE_AVX2 void PassWidened(const int8_t* x, int64_t, const uint8_t* w, const uint8_t* ahead, int64_t groups,
-                          int64_t runs, int64_t run_stride, bool first, int32_t* y, int64_t, int64_t cols) {
+template <bool kFinish>
+MOE_AVX2 void PassWidenedOf(const int8_t* x, const uint8_t* w, const uint8_t* ahead, int64_t groups, int64_t runs,
+                            int64_t run_stride, bool first, int32_t* y, int64_t cols, const GemvFinish* finish) {
   // Every loop over the accumulators unrolled, so that they stay in registers.
   __m256i acc[kVectors];
 #pragma GCC unroll 8
@@ -120,21 +143,28 @@ MOE_AVX2 void PassWidened(const int8_t* x, int64_t, const uint8_t* w, const uint
   }
 #pragma GCC unroll 8
   for (int v = 0; v < kVectors; ++v) acc[v] = Unshuffle(acc[v]);
-  AddToRow(acc, first, y, cols);
+  AddToRow<kFinish>(acc, first, y, cols, finish);
 }
 
-MOE_AVX2 void FinishBlock(int32_t* row, int32_t bias, float x_scale, const float* w_scales, int64_t cols) {
-  for (int v = 0; v < kVectors; ++v) {
-    const __m256i mask = LaneMask(cols - 8 * v);
-    int* out = reinterpret_cast<int*>(row + 8 * v);
-    const __m256i sums = _mm256_sub_epi32(_mm256_maskload_epi32(out, mask), _mm256_set1_epi32(bias));
-    if (!w_scales) {
-      _mm256_maskstore_epi32(out, mask, sums);
-      continue;
-    }
-    const __m256 scaled = _mm256_mul_ps(_mm256_mul_ps(_mm256_cvtepi32_ps(sums), _mm256_set1_ps(x_scale)),
-                                        _mm256_maskload_ps(w_scales + 8 * v, mask));
-    _mm256_maskstore_ps(reinterpret_cast<float*>(out), mask, scaled);
+// Branching once, here, rather than after the loop: GCC 12 copies every accumulator on every step
+// when they meet a branch after it.
+MOE_AVX_VNNI void PassVnni(const int8_t* x, int64_t, const uint8_t* w, const uint8_t* ahead, int64_t groups,
+                           int64_t runs, int64_t run_stride, bool first, int32_t* y, int64_t, int64_t cols,
+                           const GemvFinish* finish) {
+  if (finish) {
+    PassVnniOf<true>(x, w, ahead, groups, runs, run_stride, first, y, cols, finish);
+  } else {
+    PassVnniOf<false>(x, w, ahead, groups, runs, run_stride, first, y, cols, nullptr);
+  }
+}
+
+MOE_AVX2 void PassWidened(const int8_t* x, int64_t, const uint8_t* w, const uint8_t* ahead, int64_t groups,
+                          int64_t runs, int64_t run_stride, bool first, int32_t* y, int64_t, int64_t cols,
+                          const GemvFinish* finish) {
+  if (finish) {
+    PassWidenedOf<true>(x, w, ahead, groups, runs, run_stride, first, y, cols, finish);
+  } else {
+    PassWidenedOf<false>(x, w, ahead, groups, runs, run_stride, first, y, cols, nullptr);
   }
 }
 
@@ -142,12 +172,12 @@ MOE_AVX2 void FinishBlock(int32_t* row, int32_t bias, float x_scale, const float
 
 // One row a pass: the block's 64 sums take 8 of the 16 vector registers.
 const GemvKernels& AvxVnniGemvKernels() {
-  static constexpr GemvKernels kernels{1, {&PassVnni}, &FinishBlock, &RowSum};
+  static constexpr GemvKernels kernels{1, {&PassVnni}, &RowSum};
   return kernels;
 }
 
 const GemvKernels& Avx2GemvKernels() {
-  static constexpr GemvKernels kernels{1, {&PassWidened}, &FinishBlock, &RowSum};
+  static constexpr GemvKernels kernels{1, {&PassWidened}, &RowSum};
   return kernels;
 }
 

@@ -60,9 +60,24 @@ MOE_INLINE_VNNI void AddGroup(__m512i (&acc)[kM][4], const int8_t* x, int64_t st
   }
 }
 
-template <int kM>
-MOE_AVX512_VNNI void Pass(const int8_t* x, int64_t stride, const uint8_t* w, const uint8_t* ahead, int64_t groups,
-                          int64_t runs, int64_t run_stride, bool first, int32_t* y, int64_t n, int64_t cols) {
+// A vector of a row's sums less the bias into `out`; with w_scales (the vector's), turned into F32
+// times x_scale, then times each column's scale.
+MOE_INLINE_VNNI void FinishVector(__m512i sums, int32_t bias, float x_scale, const float* w_scales, __mmask16 mask,
+                                  int32_t* out) {
+  sums = _mm512_sub_epi32(sums, _mm512_set1_epi32(bias));
+  if (!w_scales) {
+    _mm512_mask_storeu_epi32(out, mask, sums);
+    return;
+  }
+  const __m512 scaled = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(sums), _mm512_set1_ps(x_scale)),
+                                      _mm512_maskz_loadu_ps(mask, w_scales));
+  _mm512_mask_storeu_ps(out, mask, scaled);
+}
+
+template <int kM, bool kFinish>
+MOE_AVX512_VNNI void PassOf(const int8_t* x, int64_t stride, const uint8_t* w, const uint8_t* ahead, int64_t groups,
+                            int64_t runs, int64_t run_stride, bool first, int32_t* y, int64_t n, int64_t cols,
+                            const GemvFinish* finish) {
   __m512i acc[kM][4];
 #pragma GCC unroll 8
   for (int i = 0; i < kM; ++i) {
@@ -81,24 +96,27 @@ MOE_AVX512_VNNI void Pass(const int8_t* x, int64_t stride, const uint8_t* w, con
 #pragma GCC unroll 4
     for (int v = 0; v < 4; ++v) {
       int32_t* out = y + i * n + 16 * v;
-      const __m512i before = _mm512_maskz_loadu_epi32(first ? 0 : masks[v], out);
-      _mm512_mask_storeu_epi32(out, masks[v], _mm512_add_epi32(acc[i][v], before));
+      const __m512i sums = _mm512_add_epi32(acc[i][v], _mm512_maskz_loadu_epi32(first ? 0 : masks[v], out));
+      if constexpr (kFinish) {
+        FinishVector(sums, finish->bias[i], finish->x_scales ? finish->x_scales[i] : 0.0f,
+                     finish->w_scales ? finish->w_scales + 16 * v : nullptr, masks[v], out);
+      } else {
+        _mm512_mask_storeu_epi32(out, masks[v], sums);
+      }
     }
   }
 }
 
-// A vector of a row's sums less the bias into `out`; with w_scales (the vector's), turned into F32
-// times x_scale, then times each column's scale.
-MOE_INLINE_VNNI void FinishVector(__m512i sums, int32_t bias, float x_scale, const float* w_scales, __mmask16 mask,
-                                  int32_t* out) {
-  sums = _mm512_sub_epi32(sums, _mm512_set1_epi32(bias));
-  if (!w_scales) {
-    _mm512_mask_storeu_epi32(out, mask, sums);
-    return;
+// Branching once, here, rather than after the loop (as above).
+template <int kM>
+MOE_AVX512_VNNI void Pass(const int8_t* x, int64_t stride, const uint8_t* w, const uint8_t* ahead, int64_t groups,
+                          int64_t runs, int64_t run_stride, bool first, int32_t* y, int64_t n, int64_t cols,
+                          const GemvFinish* finish) {
+  if (finish) {
+    PassOf<kM, true>(x, stride, w, ahead, groups, runs, run_stride, first, y, n, cols, finish);
+  } else {
+    PassOf<kM, false>(x, stride, w, ahead, groups, runs, run_stride, first, y, n, cols, nullptr);
   }
-  const __m512 scaled = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(sums), _mm512_set1_ps(x_scale)),
-                                      _mm512_maskz_loadu_ps(mask, w_scales));
-  _mm512_mask_storeu_ps(out, mask, scaled);
 }
 
 // kBlocks blocks' sums side by side in registers, so each block is read once, in order, with no
@@ -136,22 +154,12 @@ MOE_AVX512_VNNI void SidePass(const int8_t* x, int64_t stride, const uint8_t* co
   }
 }
 
-MOE_AVX512_VNNI void FinishBlock(int32_t* row, int32_t bias, float x_scale, const float* w_scales, int64_t cols) {
-  __mmask16 masks[4];
-  ColumnMasks(cols, masks);
-  for (int v = 0; v < 4; ++v) {
-    FinishVector(_mm512_maskz_loadu_epi32(masks[v], row + 16 * v), bias, x_scale, w_scales ? w_scales + 16 * v : nullptr,
-                 masks[v], row + 16 * v);
-  }
-}
-
 }  // namespace
 
 const GemvKernels& Avx512VnniGemvKernels() {
   static_assert(kGemvMaxPassRows == 6 && kGemvMaxSideRows == 3);
   static constexpr GemvKernels kernels{6,
                                        {&Pass<1>, &Pass<2>, &Pass<3>, &Pass<4>, &Pass<5>, &Pass<6>},
-                                       &FinishBlock,
                                        &RowSum,
                                        3,
                                        {4, 2, 2},

@@ -14,28 +14,35 @@ inline constexpr int kGemvMaxPassRows = 6;
 inline constexpr int kGemvMaxSideRows = 3;
 inline constexpr int kGemvMaxSideBlocks = 4;
 
+// What finishes a block's sums for a pass's rows: each row's sums less its bias; with scales (null
+// for INT32 results), turned into F32 times the row's scale, then times each column's (the block's
+// w_scales).
+struct GemvFinish {
+  const int32_t* bias;
+  const float* x_scales;
+  const float* w_scales;
+};
+
 struct GemvKernels {
   // passes[r - 1]: y[i, 0..cols) (+)= the products of r x rows (`stride` apart) and `runs` runs of
   // `groups` groups of one block, `run_stride` groups apart, read in turns, prefetching from
-  // `ahead` on; rows of y n apart. `first` starts the sums, otherwise they add to y's.
+  // `ahead` on; rows of y n apart. `first` starts the sums, otherwise they add to y's; with
+  // `finish`, the block's last pass, they are finished.
   using Pass = void (*)(const int8_t* x, int64_t stride, const uint8_t* w, const uint8_t* ahead, int64_t groups,
-                        int64_t runs, int64_t run_stride, bool first, int32_t* y, int64_t n, int64_t cols);
+                        int64_t runs, int64_t run_stride, bool first, int32_t* y, int64_t n, int64_t cols,
+                        const GemvFinish* finish);
   // side_passes[r - 1]: for each of side_blocks[r - 1] blocks w[b], y[b][i, 0..cols[b]) = the
   // products of r x rows and the block over all `groups` groups, the blocks read in turns, less
   // bias[i]; with w_scales (the blocks'), as F32 times x_scales[i], then times each column's scale,
-  // as Finish makes them. Rows of y n apart.
+  // as GemvFinish says. Rows of y n apart.
   using SidePass = void (*)(const int8_t* x, int64_t stride, const uint8_t* const* w, int64_t groups,
                             int32_t* const* y, const int64_t* cols, int64_t n, const int32_t* bias,
                             const float* x_scales, const float* const* w_scales);
-  // A row's first `cols` sums of a block less the bias; with w_scales (the block's), turned into
-  // F32 times x_scale, then times each column's scale, in place.
-  using Finish = void (*)(int32_t* row, int32_t bias, float x_scale, const float* w_scales, int64_t cols);
   // The sum of k bytes of x.
   using RowSum = int32_t (*)(const int8_t* x, int64_t k);
 
   int pass_rows;  // the most rows a pass takes (<= kGemvMaxPassRows)
   Pass passes[kGemvMaxPassRows];
-  Finish finish;
   RowSum row_sum;
   int side_rows = 0;  // the most rows a side pass takes (0: the kernels have none)
   int side_blocks[kGemvMaxSideRows] = {};  // <= kGemvMaxSideBlocks
