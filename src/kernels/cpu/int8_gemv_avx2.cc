@@ -146,38 +146,28 @@ MOE_AVX2 void PassWidenedOf(const int8_t* x, const uint8_t* w, const uint8_t* ah
   AddToRow<kFinish>(acc, first, y, cols, finish);
 }
 
+// A pass's loop, finishing the sums (kFinish) or not.
+using PassLoop = void (*)(const int8_t* x, const uint8_t* w, const uint8_t* ahead, int64_t groups, int64_t runs,
+                          int64_t run_stride, bool first, int32_t* y, int64_t cols, const GemvFinish* finish);
+
 // Branching once, here, rather than after the loop: GCC 12 copies every accumulator on every step
 // when they meet a branch after it.
-MOE_AVX_VNNI void PassVnni(const int8_t* x, int64_t, const uint8_t* w, const uint8_t* ahead, int64_t groups,
-                           int64_t runs, int64_t run_stride, bool first, int32_t* y, int64_t, int64_t cols,
-                           const GemvFinish* finish) {
-  if (finish) {
-    PassVnniOf<true>(x, w, ahead, groups, runs, run_stride, first, y, cols, finish);
-  } else {
-    PassVnniOf<false>(x, w, ahead, groups, runs, run_stride, first, y, cols, nullptr);
-  }
-}
-
-MOE_AVX2 void PassWidened(const int8_t* x, int64_t, const uint8_t* w, const uint8_t* ahead, int64_t groups,
-                          int64_t runs, int64_t run_stride, bool first, int32_t* y, int64_t, int64_t cols,
-                          const GemvFinish* finish) {
-  if (finish) {
-    PassWidenedOf<true>(x, w, ahead, groups, runs, run_stride, first, y, cols, finish);
-  } else {
-    PassWidenedOf<false>(x, w, ahead, groups, runs, run_stride, first, y, cols, nullptr);
-  }
+template <PassLoop kFinishing, PassLoop kPlain>
+void Pass(const int8_t* x, int64_t, const uint8_t* w, const uint8_t* ahead, int64_t groups, int64_t runs,
+          int64_t run_stride, bool first, int32_t* y, int64_t, int64_t cols, const GemvFinish* finish) {
+  (finish ? kFinishing : kPlain)(x, w, ahead, groups, runs, run_stride, first, y, cols, finish);
 }
 
 }  // namespace
 
 // One row a pass: the block's 64 sums take 8 of the 16 vector registers.
 const GemvKernels& AvxVnniGemvKernels() {
-  static constexpr GemvKernels kernels{1, {&PassVnni}, &RowSum};
+  static constexpr GemvKernels kernels{1, {&Pass<&PassVnniOf<true>, &PassVnniOf<false>>}, &RowSum};
   return kernels;
 }
 
 const GemvKernels& Avx2GemvKernels() {
-  static constexpr GemvKernels kernels{1, {&PassWidened}, &RowSum};
+  static constexpr GemvKernels kernels{1, {&Pass<&PassWidenedOf<true>, &PassWidenedOf<false>>}, &RowSum};
   return kernels;
 }
 
