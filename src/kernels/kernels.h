@@ -29,12 +29,17 @@ struct Weight {
 Tensor PackMatmulWeight(const TensorView& w);
 
 // Whether Matmul reads PackMatmulWeight's layout of an I8 [n, k] weight that also has
-// PackGemvWeight's: not where AMX-INT8 tiles run the shape, which read the latter at every batch
-// size, so that one packed copy of the weight is held, not two.
+// PackGemvWeight's (if the CPU runs Int8Gemv): not where AMX-INT8 tiles run the shape, or Int8Gemv
+// every batch, which read the latter at every batch size, so that one packed copy of the weight is
+// held, not two; and not where oneDNN's INT8 GEMM is not exact (no VNNI).
 bool NeedsMatmulPacking(int64_t n, int64_t k);
 
+// Whether Matmul reads an I8 [n, k] weight's plain rows (`data`): where neither Int8Gemv nor an
+// exact oneDNN INT8 GEMM runs (a CPU without AVX2), through portable loops.
+bool NeedsPlainI8(int64_t n, int64_t k);
+
 // An I8 [n, k] weight laid out for the hand-written kernel Matmul runs on a few rows (decode), or,
-// on a CPU without it (no AVX-512 VNNI), an empty tensor.
+// on a CPU without it (no AVX2), an empty tensor.
 Tensor PackGemvWeight(const TensorView& w);
 
 // y[m, n] = x[m, k] · w^T. BF16 weights take activations rounded to BF16 (on CPUs without AVX-512,

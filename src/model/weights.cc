@@ -144,13 +144,9 @@ Linear MakeLinear(Tensor w, DType dtype, bool with_plain_rows) {
       kernels::QuantizeRows(w.data<float>(), linear.out, linear.in, plain.data<int8_t>(),
                             linear.row_scales.data<float>());
       linear.gemv_packed = kernels::PackGemvWeight(plain.view());
-      if (linear.gemv_packed.empty() || kernels::NeedsMatmulPacking(linear.out, linear.in)) {
-        linear.packed = kernels::PackMatmulWeight(plain.view());
-      }
-      if (with_plain_rows) {
-        linear.row_norms = kernels::I8RowNorms(plain.view(), linear.row_scales.data<float>());
-        linear.weight = std::move(plain);
-      }
+      if (kernels::NeedsMatmulPacking(linear.out, linear.in)) linear.packed = kernels::PackMatmulWeight(plain.view());
+      if (with_plain_rows) linear.row_norms = kernels::I8RowNorms(plain.view(), linear.row_scales.data<float>());
+      if (with_plain_rows || kernels::NeedsPlainI8(linear.out, linear.in)) linear.weight = std::move(plain);
       break;
     }
     default:

@@ -171,7 +171,7 @@ GemvIsa BestGemvIsa() {
 
 int64_t Int8GemvMaxRowsFor(int64_t n, int64_t k) {
   switch (BestGemvIsa()) {
-    case GemvIsa::kAvx2: return kInt8GemvMaxRowsAvx2;
+    case GemvIsa::kAvx2:
     case GemvIsa::kAvxVnni: return std::numeric_limits<int64_t>::max();
     case GemvIsa::kAvx512Vnni: return Int8GemmAmxSupported(k, n) ? kInt8GemvMaxRowsBesideAmx : kInt8GemvMaxRows;
   }

@@ -14,15 +14,15 @@ inline constexpr int64_t kInt8GemvMaxRows = 16;
 // The same where the weight runs on AMX-INT8 tiles (Int8GemmAmxSupported): on an AMX Xeon, 2 threads, Int8GemmAmx's 16-row tasks about match Int8Gemv at 4 rows and run
 // 1.1x faster at 8, 1.4x at 16 (bench/RESULTS.md).
 inline constexpr int64_t kInt8GemvMaxRowsBesideAmx = 8;
-// The same on AVX2 without AVX-512, where oneDNN 2.6's INT8 GEMM repacks the weight on every call:
-// on the AMX Xeon capped to AVX2 (MOE_MAX_ISA=avx2), 2 threads, 2048 x 2048, Int8Gemv with AVX-VNNI
-// ran 400-515 GOP/s at 16-512 rows against oneDNN's 25-307, so it takes every batch; widened to 16
-// bits (no AVX-VNNI), 121-137 against 27-307, ahead up to 64 rows (bench/RESULTS.md).
-inline constexpr int64_t kInt8GemvMaxRowsAvx2 = 64;
+// On AVX2 without AVX-512 Int8Gemv takes every batch. With AVX-VNNI, where oneDNN 2.6's INT8 GEMM
+// repacks the weight on every call: on the AMX Xeon capped to AVX2 (MOE_MAX_ISA=avx2), 2 threads,
+// 2048 x 2048, Int8Gemv ran 400-515 GOP/s at 16-512 rows against oneDNN's 25-307. Without it,
+// oneDNN's INT8 kernels sum pairs of byte products in saturating 16 bits (VPMADDUBSW) and so are
+// not exact for full-range weights; Int8Gemv widened to 16 bits is, at 121-137 GOP/s
+// (bench/RESULTS.md).
 
 // How many rows Matmul gives Int8Gemv at most for a weight of n x k: one of the above for the
-// CPU's best Int8Gemv, or every batch (INT64_MAX) where AVX-VNNI runs it on AVX2. Needs
-// Int8GemvSupported().
+// CPU's best Int8Gemv, or every batch (INT64_MAX) on AVX2. Needs Int8GemvSupported().
 int64_t Int8GemvMaxRowsFor(int64_t n, int64_t k);
 
 // The instruction sets Int8Gemv comes in, the same products to the bit on each: AVX2 alone

@@ -150,6 +150,27 @@ bool GemvLayoutServesEveryBatch(int64_t n, int64_t k) {
                                       cpu::Int8GemvMaxRowsFor(n, k) == std::numeric_limits<int64_t>::max());
 }
 
+// Whether oneDNN's INT8 GEMM is exact here: its kernels without VNNI (or AMX) sum pairs of byte
+// products in saturating 16 bits (VPMADDUBSW), which full-range weights overflow.
+bool OneDnnInt8Exact() {
+  const CpuFeatures& f = GetCpuFeatures();
+  return f.avx512vnni || f.avxvnni || f.amx_int8;
+}
+
+// INT32 products of I8 rows and a plain I8 weight in portable loops, exact: for CPUs where neither
+// Int8Gemv nor an exact oneDNN INT8 GEMM runs (no AVX2).
+void PortableInt8Products(const int8_t* x, int64_t m, const int8_t* w, int64_t n, int64_t k, int32_t* y) {
+  ParallelFor(n, [&](int64_t begin, int64_t end) {
+    for (int64_t i = 0; i < m; ++i) {
+      for (int64_t j = begin; j < end; ++j) {
+        int32_t sum = 0;
+        for (int64_t p = 0; p < k; ++p) sum += int32_t{x[i * k + p]} * int32_t{w[j * k + p]};
+        y[i * n + j] = sum;
+      }
+    }
+  });
+}
+
 }  // namespace
 
 const int32_t* cpu::Int8GemmOneDnn(const int8_t* src, int64_t m, int64_t k, int64_t n, const void* packed,
@@ -224,7 +245,10 @@ void Execute(const void* src, const float* src_scales, int64_t m, const Weight& 
       return;
     }
   }
-  if (weight.packed) {
+  if (w.dtype == DType::kI8 && !OneDnnInt8Exact()) {
+    MOE_CHECK(w.data != nullptr, "Matmul: this CPU needs an I8 weight's plain rows (NeedsPlainI8)");
+    PortableInt8Products(static_cast<const int8_t*>(src), m, w.as<int8_t>(), n, k, reinterpret_cast<int32_t*>(y));
+  } else if (weight.packed) {
     MOE_CHECK(w.dtype == DType::kI8, "only I8 weights are packed");
     products = cpu::Int8GemmOneDnn(static_cast<const int8_t*>(src), m, k, n, weight.packed,
                                    reinterpret_cast<int32_t*>(y));
@@ -259,7 +283,9 @@ void SplitTwoParts(const float* x, int64_t m, int64_t k, int8_t* parts, float* s
 
 }  // namespace
 
-bool NeedsMatmulPacking(int64_t n, int64_t k) { return !GemvLayoutServesEveryBatch(n, k); }
+bool NeedsMatmulPacking(int64_t n, int64_t k) { return OneDnnInt8Exact() && !GemvLayoutServesEveryBatch(n, k); }
+
+bool NeedsPlainI8(int64_t n, int64_t k) { return !OneDnnInt8Exact() && !GemvLayoutServesEveryBatch(n, k); }
 
 Tensor PackMatmulWeight(const TensorView& w) {
   MOE_CHECK(w.dtype == DType::kI8 && w.shape.size() == 2, "PackMatmulWeight takes a 2-D I8 weight");
