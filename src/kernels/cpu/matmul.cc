@@ -6,8 +6,9 @@
 // model's expert shapes (AMX brgemm; bench/RESULTS.md), because the plain one repacks the weight
 // on every call. I8 weights at up to cpu::Int8GemvMaxRowsFor rows skip oneDNN for Int8Gemv, which
 // streams a weight laid out for it faster (int8_gemv.h); where AMX-INT8 runs the shape, Int8GemmAmx
-// takes the rows above on the same layout, and where AVX-VNNI runs Int8Gemv on AVX2 it takes every
-// batch; there oneDNN's layout is never built.
+// takes the rows above on the same layout, and on AVX2 Int8Gemv takes every batch; there oneDNN's
+// layout is never built. oneDNN's INT8 runs only where it is exact (VNNI or AMX: OneDnnInt8Exact);
+// without AVX2, portable loops over the plain rows take every I8 GEMM.
 #include <algorithm>
 #include <cmath>
 #include <cstring>
