@@ -104,7 +104,8 @@ class Int8GemvTest : public testing::TestWithParam<std::tuple<int64_t, int64_t>>
 
 // Every pass size (1-6 rows, passes split evenly), partial column blocks and vectors, k past a
 // whole group, odd numbers of groups (one left over after the two halves), several runs a half;
-// threads with one block, with several sets of blocks side by side and with some left over.
+// threads with one block, with several sets of blocks side by side and with some left over, and
+// (past the side passes' rows) one block at a time in several passes.
 TEST_P(Int8GemvTest, MatchesScalarProductsExactly) {
   const auto [m, k] = GetParam();
   for (int64_t n : {1, 5, 16, 17, 33, 64, 65, 130, 327, 576, 1391}) {

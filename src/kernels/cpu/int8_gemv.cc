@@ -39,8 +39,12 @@
 // shapes, and the batch-1 decode step took 8-10% less time with two parts. Four streams a thread
 // read faster again than two (a synthetic loop: 54.0-67.8 GB/s against 50.6-57.8) and took the
 // batch-1 step 2-3% less time, but a block's sums take 4 vectors a row, so four parts only at 1
-// row, two at 2 and 3 rows (three at 2 rows measured no faster), and more rows take the halves
-// (bench/RESULTS.md). The Xeons measured before keep the halves.
+// row, two at 2 and 3 rows (three at 2 rows measured no faster). More rows read one block at a
+// time, whole, with no prefetch either, each pass's rows in turn (a block is 64 k bytes, 128 KiB
+// for bench-3b's experts, so its later passes read it from L2): 64 experts of bench-3b's shape,
+// one a thread, read 48.4 / 47.0 / 40.6 GB/s so at 4 / 5 / 6 rows against 37.0 / 35.6 / 31.4 from
+// the halves, and at 8-12 rows 11-16% faster than the halves' passes over chunks; the 32-way
+// decode step took ~5-7% less time (bench/RESULTS.md). The Xeons measured before keep the halves.
 #include "kernels/cpu/int8_gemv.h"
 
 #include <algorithm>
@@ -113,32 +117,46 @@ void Products(const GemvKernels& kernels, GemvStreams streams, const int8_t* x, 
     }
     if (leftover) passes(kStreams * part, groups - kStreams * part, 1, true);
   };
-  const bool side = streams == GemvStreams::kSideBySide && m <= kernels.side_rows;
-  const int64_t together = side ? kernels.side_blocks[m - 1] : 1;
+  // Side passes over `together` blocks b[p] (block_passes over one), for rows [i, i + rows).
+  auto side_pass = [&](GemvKernels::SidePass pass, int64_t i, const int64_t* b, int64_t together) {
+    const uint8_t* w[kGemvMaxSideBlocks];
+    int32_t* out[kGemvMaxSideBlocks];
+    int64_t cols[kGemvMaxSideBlocks];
+    const float* scales[kGemvMaxSideBlocks];
+    for (int64_t p = 0; p < together; ++p) {
+      const int64_t col = b[p] * kGemvBlockCols;
+      w[p] = block(b[p]);
+      out[p] = y + i * n + col;
+      cols[p] = columns(b[p]);
+      scales[p] = x_scales ? w_scales + col : nullptr;
+    }
+    pass(x + i * stride, stride, w, groups, out, cols, n, bias.data() + i, x_scales ? x_scales + i : nullptr,
+         x_scales ? scales : nullptr);
+  };
+  const bool side = streams == GemvStreams::kSideBySide && kernels.side_rows > 0;
   ParallelFor(CeilDiv(n, kGemvBlockCols), [&](int64_t begin, int64_t end) {
     if (!side) {
       for (int64_t b = begin; b < end; ++b) halves(b);
       return;
     }
+    if (m > kernels.side_rows) {
+      // One block at a time, whole, each pass's rows in turn (the block's later passes from L2).
+      for (int64_t b = begin; b < end; ++b) {
+        for (int64_t i = 0; i < m; i += pass_rows) {
+          side_pass(kernels.block_passes[std::min(pass_rows, m - i) - 1], i, &b, 1);
+        }
+      }
+      return;
+    }
     // The range's first `together` parts of `part` blocks, the j-th block of each read side by
     // side; the blocks past them alone.
-    const int64_t part = (end - begin) / together;
+    const int64_t together = kernels.side_blocks[m - 1], part = (end - begin) / together;
     for (int64_t j = begin; j < begin + part; ++j) {
-      const uint8_t* w[kGemvMaxSideBlocks];
-      int32_t* out[kGemvMaxSideBlocks];
-      int64_t cols[kGemvMaxSideBlocks];
-      const float* scales[kGemvMaxSideBlocks];
-      for (int64_t p = 0; p < together; ++p) {
-        const int64_t col = (j + p * part) * kGemvBlockCols;
-        w[p] = block(j + p * part);
-        out[p] = y + col;
-        cols[p] = columns(j + p * part);
-        scales[p] = x_scales ? w_scales + col : nullptr;
-      }
-      kernels.side_passes[m - 1](x, stride, w, groups, out, cols, n, bias.data(), x_scales,
-                                 x_scales ? scales : nullptr);
+      int64_t b[kGemvMaxSideBlocks];
+      for (int64_t p = 0; p < together; ++p) b[p] = j + p * part;
+      side_pass(kernels.side_passes[m - 1], 0, b, together);
     }
-    for (int64_t b = begin + together * part; b < end; ++b) halves(b);
+    for (int64_t b = begin + together * part; b < end; ++b) side_pass(kernels.block_passes[m - 1], 0, &b, 1);
   });
 }
 #endif

@@ -39,8 +39,8 @@ bool Int8GemvSupported();
 GemvIsa BestGemvIsa();
 
 // How each thread reads its share of the weight's blocks (int8_gemv.cc): each block's two halves
-// of k side by side, or (for a few rows, where the kernels can) several blocks side by side, each
-// whole. The products are the same to the bit either way.
+// of k side by side, or (where the kernels can) several blocks side by side, each whole, for a few
+// rows, and one whole block at a time for more. The products are the same to the bit either way.
 enum class GemvStreams { kBlockHalves, kSideBySide };
 
 // The faster of the two on this CPU, the one the calls without a choice take: blocks side by side

@@ -163,7 +163,9 @@ const GemvKernels& Avx512VnniGemvKernels() {
                                        &RowSum,
                                        3,
                                        {4, 2, 2},
-                                       {&SidePass<4, 1>, &SidePass<2, 2>, &SidePass<2, 3>}};
+                                       {&SidePass<4, 1>, &SidePass<2, 2>, &SidePass<2, 3>},
+                                       {&SidePass<1, 1>, &SidePass<1, 2>, &SidePass<1, 3>, &SidePass<1, 4>,
+                                        &SidePass<1, 5>, &SidePass<1, 6>}};
   return kernels;
 }
 

@@ -34,7 +34,7 @@ struct GemvKernels {
   // side_passes[r - 1]: for each of side_blocks[r - 1] blocks w[b], y[b][i, 0..cols[b]) = the
   // products of r x rows and the block over all `groups` groups, the blocks read in turns, less
   // bias[i]; with w_scales (the blocks'), as F32 times x_scales[i], then times each column's scale,
-  // as GemvFinish says. Rows of y n apart.
+  // as GemvFinish says. Rows of y n apart. block_passes[r - 1]: the same for one block.
   using SidePass = void (*)(const int8_t* x, int64_t stride, const uint8_t* const* w, int64_t groups,
                             int32_t* const* y, const int64_t* cols, int64_t n, const int32_t* bias,
                             const float* x_scales, const float* const* w_scales);
@@ -47,6 +47,7 @@ struct GemvKernels {
   int side_rows = 0;  // the most rows a side pass takes (0: the kernels have none)
   int side_blocks[kGemvMaxSideRows] = {};  // <= kGemvMaxSideBlocks
   SidePass side_passes[kGemvMaxSideRows] = {};
+  SidePass block_passes[kGemvMaxPassRows] = {};  // set wherever side_rows > 0
 };
 
 const GemvKernels& Avx512VnniGemvKernels();
