@@ -19,7 +19,7 @@ namespace moe::kernels {
 namespace {
 
 // Rows past every count where Matmul leaves Int8Gemv for another kernel (kInt8GemvMaxRowsBesideAmx,
-// kInt8GemvMaxRows), and more.
+// kInt8GemvMaxRows, kInt8GemvMaxRowsSideBySide), and more.
 constexpr int64_t kPastGemvRows = 67;
 
 std::vector<int8_t> RandomInt8(int64_t count, uint32_t seed, int lo, int hi) {

@@ -191,7 +191,9 @@ int64_t Int8GemvMaxRowsFor(int64_t n, int64_t k) {
   switch (BestGemvIsa()) {
     case GemvIsa::kAvx2:
     case GemvIsa::kAvxVnni: return std::numeric_limits<int64_t>::max();
-    case GemvIsa::kAvx512Vnni: return Int8GemmAmxSupported(k, n) ? kInt8GemvMaxRowsBesideAmx : kInt8GemvMaxRows;
+    case GemvIsa::kAvx512Vnni:
+      if (Int8GemmAmxSupported(k, n)) return kInt8GemvMaxRowsBesideAmx;
+      return BestGemvStreams() == GemvStreams::kSideBySide ? kInt8GemvMaxRowsSideBySide : kInt8GemvMaxRows;
   }
   return kInt8GemvMaxRows;
 }

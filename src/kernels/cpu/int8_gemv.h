@@ -8,9 +8,14 @@ namespace moe::kernels::cpu {
 
 // The most activation rows for which Matmul runs Int8Gemv rather than oneDNN's packed GEMM. On the
 // bench model's expert and attention shapes, weights streamed from DRAM, 2 threads of an AMD EPYC
-// with AVX-512 VNNI, Int8Gemv is 1.0-1.3x faster than oneDNN at 1-12 rows, even at 16 and
-// 0.83-0.95x at 32-64.
+// with AVX-512 VNNI, Int8Gemv reading block halves was 1.0-1.3x faster than oneDNN at 1-12 rows,
+// even at 16 and 0.83-0.95x at 32-64.
 inline constexpr int64_t kInt8GemvMaxRows = 16;
+// The same where Int8Gemv reads blocks side by side (GemvStreams::kSideBySide, AMD), and past three
+// rows one whole block at a time: the 32-way decode step took 2-4% less time with its 32-row GEMMs
+// (the attention projections, the dense and shared MLPs, the lm_head's first parts) on Int8Gemv
+// than on oneDNN (bench/RESULTS.md).
+inline constexpr int64_t kInt8GemvMaxRowsSideBySide = 32;
 // The same where the weight runs on AMX-INT8 tiles (Int8GemmAmxSupported): on an AMX Xeon, 2 threads, Int8GemmAmx's 16-row tasks about match Int8Gemv at 4 rows and run
 // 1.1x faster at 8, 1.4x at 16 (bench/RESULTS.md).
 inline constexpr int64_t kInt8GemvMaxRowsBesideAmx = 8;
