@@ -193,8 +193,8 @@ void RegisterMatmulBenchmarks() {
     benchmark::RegisterBenchmark(name, BM_LmHead, lm_head, argmax)
         ->ArgName("M")->Arg(1)->Arg(8)->Arg(16)->Arg(32)->UseRealTime()->MinTime(0.05);
   }
-  // Where Int8Gemv stops beating oneDNN or Int8GemmAmx (kInt8GemvMaxRows and the like), on bench-3b's expert,
-  // attention and lm_head shapes.
+  // Where Int8Gemv stops beating oneDNN or Int8GemmAmx (kInt8GemvMaxRows and the like), on
+  // bench-3b's expert, attention and lm_head shapes.
   const GemmShape small_batch_shapes[] = {shapes[1], shapes[2], {"bench_q_a", 2048, 1536}, shapes[3], lm_head};
   for (const GemmShape& s : small_batch_shapes) {
     for (const auto& [kernel, name] : {std::pair(Int8Kernel::kGemv, "int8_gemv"),
