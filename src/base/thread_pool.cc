@@ -7,6 +7,9 @@
 #include <cstdlib>
 #include <thread>
 
+#include "base/check.h"
+#include "base/int_math.h"
+
 namespace moe {
 
 void ThreadPool::ParallelFor(int64_t n, const std::function<void(int64_t, int64_t)>& fn) const {
@@ -31,6 +34,26 @@ void ThreadPool::ParallelForEach(int64_t n, const std::function<void(int64_t)>& 
   std::atomic<int64_t> next = 0;
   ParallelFor(std::min<int64_t>(num_threads_, n), [&](int64_t, int64_t) {
     for (int64_t i = next++; i < n; i = next++) fn(i);
+  });
+}
+
+void ThreadPool::ParallelForShrinking(int64_t n, int64_t min_range,
+                                      const std::function<void(int64_t, int64_t)>& fn) const {
+  MOE_CHECK(min_range > 0, "ParallelForShrinking: min_range %lld", static_cast<long long>(min_range));
+  if (n <= 0) return;
+  if (num_threads_ == 1 || omp_in_parallel()) {
+    fn(0, n);
+    return;
+  }
+  std::atomic<int64_t> next = 0;
+  ParallelFor(std::min<int64_t>(num_threads_, CeilDiv(n, min_range)), [&](int64_t, int64_t) {
+    for (int64_t begin = next.load(std::memory_order_relaxed); begin < n;) {
+      const int64_t size = std::min(n - begin, std::max(min_range, (n - begin) / (2 * num_threads_)));
+      if (next.compare_exchange_weak(begin, begin + size, std::memory_order_relaxed)) {
+        fn(begin, begin + size);
+        begin = next.load(std::memory_order_relaxed);
+      }
+    }
   });
 }
 

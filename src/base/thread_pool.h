@@ -24,6 +24,13 @@ class ThreadPool {
   // where fixed ranges leave threads waiting. Nested, like ParallelFor, it runs on the caller.
   void ParallelForEach(int64_t n, const std::function<void(int64_t)>& fn) const;
 
+  // Runs fn(begin, end) over ranges that cover [0, n), each thread claiming the next range as soon
+  // as it is free, each range what is left over twice the threads, at least min_range: long ranges
+  // to stream from while much is left, short ones at the end, so that a core that runs slower than
+  // the others (a shared machine) leaves them little to wait for. Nested, or on one thread, it runs
+  // fn(0, n) on the caller.
+  void ParallelForShrinking(int64_t n, int64_t min_range, const std::function<void(int64_t, int64_t)>& fn) const;
+
  private:
   int num_threads_;
 };
@@ -37,6 +44,10 @@ inline void ParallelFor(int64_t n, const std::function<void(int64_t, int64_t)>& 
 
 inline void ParallelForEach(int64_t n, const std::function<void(int64_t)>& fn) {
   DefaultThreadPool().ParallelForEach(n, fn);
+}
+
+inline void ParallelForShrinking(int64_t n, int64_t min_range, const std::function<void(int64_t, int64_t)>& fn) {
+  DefaultThreadPool().ParallelForShrinking(n, min_range, fn);
 }
 
 }  // namespace moe

@@ -75,5 +75,52 @@ TEST(ThreadPoolTest, ANestedForEachRunsWholeOnItsThread) {
   for (size_t i = 0; i < hits.size(); ++i) EXPECT_EQ(hits[i].load(), 1) << i;
 }
 
+TEST(ThreadPoolTest, ShrinkingRangesCoverEveryIndexOnceAndKeepTheirMinimum) {
+  ThreadPool pool(3);
+  for (int64_t n : {0, 1, 4, 5, 37, 1000}) {
+    for (int64_t min_range : {1, 4, 64}) {
+      std::vector<std::atomic<int>> hits(n);
+      std::atomic<int64_t> short_ranges = 0;
+      pool.ParallelForShrinking(n, min_range, [&](int64_t begin, int64_t end) {
+        if (end - begin < min_range && end != n) ++short_ranges;  // only the last may be short
+        for (int64_t i = begin; i < end; ++i) hits[i]++;
+      });
+      for (int64_t i = 0; i < n; ++i) EXPECT_EQ(hits[i].load(), 1) << "n=" << n << " i=" << i;
+      EXPECT_EQ(short_ranges.load(), 0) << "n=" << n << " min_range=" << min_range;
+    }
+  }
+}
+
+TEST(ThreadPoolTest, ShrinkingRangesGoToWhicheverThreadIsFree) {
+  // The first range blocks its thread until the rest of the work has run: the other thread must
+  // claim it all.
+  ThreadPool pool(2);
+  constexpr int64_t kN = 64;
+  std::atomic<int64_t> done = 0;
+  pool.ParallelForShrinking(kN, 1, [&](int64_t begin, int64_t end) {
+    if (begin == 0) {
+      while (done.load() < kN - end) {
+      }
+    }
+    done += end - begin;
+  });
+  EXPECT_EQ(done.load(), kN);
+}
+
+TEST(ThreadPoolTest, ANestedShrinkingLoopRunsAsOneRangeOnItsThread) {
+  ThreadPool pool(2);
+  std::atomic<int> calls = 0;
+  pool.ParallelFor(2, [&](int64_t outer_begin, int64_t outer_end) {
+    for (int64_t o = outer_begin; o < outer_end; ++o) {
+      pool.ParallelForShrinking(50, 4, [&](int64_t begin, int64_t end) {
+        EXPECT_EQ(begin, 0);
+        EXPECT_EQ(end, 50);
+        ++calls;
+      });
+    }
+  });
+  EXPECT_EQ(calls.load(), 2);
+}
+
 }  // namespace
 }  // namespace moe
