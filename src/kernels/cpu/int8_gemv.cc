@@ -160,7 +160,7 @@ void Products(const GemvKernels& kernels, GemvStreams streams, const int8_t* x, 
   };
   // At a few rows, where a pass streams from memory, the threads claim shrinking ranges: with fixed
   // halves the batch-1 step waited ~10% of each GEMV's time for the slower core; claimed, it took
-  // 2-3% less time (bench/RESULTS.md).
+  // ~2% less time (bench/RESULTS.md).
   if (side && m <= kernels.side_rows) {
     ParallelForShrinking(CeilDiv(n, kGemvBlockCols), kernels.side_blocks[m - 1], run_blocks);
   } else {
