@@ -9,9 +9,17 @@
 #   llama-batched-bench  1, 4, 16 and 32 sequences of 128 prompt tokens generating 64 each:
 #                        S_TG is decode tok/s over all sequences, S_PP the prompts' tok/s.
 #
-#   bench/llama_cpp.sh [BUILD_DIR]      (default build-bench; bench-3b must exist there: e2e.py)
+#   bench/llama_cpp.sh [--prepare] [BUILD_DIR]   (default build-bench; bench-3b must exist there:
+#                                                e2e.py)
+# --prepare builds llama.cpp and converts the model, then prints the two paths bench/vs_llama.py
+# needs (the tools' directory and the GGUF) instead of checking and measuring.
 set -euo pipefail
 
+PREPARE=0
+if [[ ${1:-} == --prepare ]]; then
+  PREPARE=1
+  shift
+fi
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 BUILD=$(realpath -m "${1:-$ROOT/build-bench}")
 MODEL=$BUILD/models/bench-3b
@@ -48,6 +56,11 @@ GGUF=$WORK/bench-3b-q8_0.gguf
 if [[ ! -f $GGUF ]]; then
   echo "== converting $MODEL to Q8_0 GGUF"
   /usr/bin/python3 "$ROOT/tools/gguf_from_checkpoint.py" "$MODEL" "$GGUF"
+fi
+if ((PREPARE)); then
+  echo "$BUILD_DIR/bin"
+  echo "$GGUF"
+  exit 0
 fi
 
 echo "== check: llama.cpp's greedy tokens on the default model against tools/reference_forward.py's"

@@ -158,11 +158,12 @@ void Products(const GemvKernels& kernels, GemvStreams streams, const int8_t* x, 
     }
     for (int64_t b = begin + together * part; b < end; ++b) side_pass(kernels.block_passes[m - 1], 0, &b, 1);
   };
-  // At a few rows, where a pass streams from memory, the threads claim shrinking ranges: with fixed
-  // halves the batch-1 step waited ~10% of each GEMV's time for the slower core; claimed, it took
-  // ~2% less time (bench/RESULTS.md).
-  if (side && m <= kernels.side_rows) {
-    ParallelForShrinking(CeilDiv(n, kGemvBlockCols), kernels.side_blocks[m - 1], run_blocks);
+  // Where blocks are read side by side, the threads claim shrinking ranges (at least a side pass's
+  // blocks): with fixed halves the batch-1 step waited ~10% of each GEMV's time for the slower
+  // core; claimed, it took ~2% less time, the 4-sequence step 0-4% less (bench/RESULTS.md).
+  if (side) {
+    ParallelForShrinking(CeilDiv(n, kGemvBlockCols), m <= kernels.side_rows ? kernels.side_blocks[m - 1] : 1,
+                         run_blocks);
   } else {
     ParallelFor(CeilDiv(n, kGemvBlockCols), run_blocks);
   }
