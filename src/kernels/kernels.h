@@ -51,6 +51,19 @@ void Matmul(const float* x, int64_t m, const Weight& w, float* y);
 // same result as Matmul of the rows they came from.
 void MatmulQuantized(const int8_t* x, const float* x_scales, int64_t m, const Weight& w, float* y);
 
+// I8 weights give out their output columns in blocks of this many (MatmulQuantizedBlocks).
+inline constexpr int64_t kMatmulColumnBlock = 64;
+
+// Whether MatmulQuantizedBlocks runs an I8 weight at m rows: where MatmulQuantized runs the
+// hand-written kernel for a few rows (decode).
+bool MatmulRunsByBlocks(int64_t m, const Weight& w);
+
+// MatmulQuantized's columns of blocks [block_begin, block_end) (kMatmulColumnBlock columns a block,
+// the last one cut at n), on the calling thread alone, with the same bits: for callers that share
+// a weight's blocks out among threads together with other work. Needs MatmulRunsByBlocks(m, w).
+void MatmulQuantizedBlocks(const int8_t* x, const float* x_scales, int64_t m, const Weight& w, int64_t block_begin,
+                           int64_t block_end, float* y);
+
 // Matmul of I8 weights whose activation rows go in as two INT8 parts: the row quantized, then what
 // that left, quantized again (about 14 significant bits instead of 7), each part's products summed
 // exactly in INT32 and the two added. For the lm_head, whose logits INT8 activations alone blur;

@@ -8,6 +8,7 @@
 #include <numeric>
 #include <vector>
 
+#include "base/int_math.h"
 #include "base/thread_pool.h"
 #include "kernels/kernels.h"
 #include "model/mlp.h"
@@ -94,6 +95,53 @@ void Route(const ModelConfig& c, const float* logits, const float* score_bias, i
 
 namespace {
 
+// The shared experts of a step's tokens where their gate and up run by blocks of columns
+// (kernels::MatmulRunsByBlocks: INT8, a few rows), handed out as units of work among the routed
+// experts'. The same bits as MlpForward: the blocks' columns are those MatmulQuantized gives.
+class SharedBlocks {
+ public:
+  // `tokens` 0: no units (the shared experts run on their own, AddSharedExperts).
+  SharedBlocks(const MoeWeights& moe, int64_t tokens) : tokens_(tokens) {
+    if (tokens == 0 || !moe.shared) return;
+    const MlpWeights& w = *moe.shared;
+    if (!kernels::MatmulRunsByBlocks(tokens, w.gate.view()) || !kernels::MatmulRunsByBlocks(tokens, w.up.view())) return;
+    w_ = &w;
+    gate_units_ = CeilDiv(CeilDiv(w.gate.rows(), kernels::kMatmulColumnBlock), kUnitBlocks);
+    up_units_ = CeilDiv(CeilDiv(w.up.rows(), kernels::kMatmulColumnBlock), kUnitBlocks);
+    gate_ = std::make_unique_for_overwrite<float[]>(tokens * w.gate.rows());
+    up_ = std::make_unique_for_overwrite<float[]>(tokens * w.up.rows());
+  }
+
+  int64_t units() const { return gate_units_ + up_units_; }
+
+  // Unit u of the gate's, then the up's, from the tokens quantized (QuantizeRows).
+  void RunUnit(int64_t u, const int8_t* x, const float* x_scales) {
+    const bool gate = u < gate_units_;
+    const Linear& linear = gate ? w_->gate : w_->up;
+    const int64_t begin = (gate ? u : u - gate_units_) * kUnitBlocks;
+    const int64_t end = std::min(begin + kUnitBlocks, CeilDiv(linear.rows(), kernels::kMatmulColumnBlock));
+    kernels::MatmulQuantizedBlocks(x, x_scales, tokens_, linear.view(), begin, end, gate ? gate_.get() : up_.get());
+  }
+
+  // Once every unit has run: the shared experts' output, [tokens, hidden].
+  const float* Finish() {
+    const int64_t width = w_->gate.rows();
+    kernels::SiluMul(gate_.get(), up_.get(), tokens_ * width, gate_.get());
+    out_ = std::make_unique_for_overwrite<float[]>(tokens_ * w_->down.rows());
+    kernels::Matmul(gate_.get(), tokens_, w_->down.view(), out_.get());
+    return out_.get();
+  }
+
+ private:
+  // Four blocks a unit, as many as Int8Gemv reads side by side at one row: bench-3b's shared gate
+  // and up are 8 units of 512 KiB.
+  static constexpr int64_t kUnitBlocks = 4;
+  int64_t tokens_;
+  const MlpWeights* w_ = nullptr;
+  int64_t gate_units_ = 0, up_units_ = 0;
+  std::unique_ptr<float[]> gate_, up_, out_;
+};
+
 class LocalPending final : public PendingExperts {
  public:
   LocalPending(const MoeWeights& moe, const float* x, int64_t tokens, const int32_t* expert_ids, const float* weights,
@@ -120,16 +168,21 @@ class LocalPending final : public PendingExperts {
     std::vector<int8_t> x_int8(int8 ? tokens_ * hidden : 0);
     std::vector<float> x_scales(int8 ? tokens_ : 0);
     if (int8) kernels::QuantizeRows(x_, tokens_, hidden, x_int8.data(), x_scales.data());
+    SharedBlocks shared(moe_, int8 ? tokens_ : 0);
     // Each expert whole on one thread (an expert gets a few rows each step, too little work to
     // split its GEMMs across threads), each thread taking the next expert when it is free, those
     // with the most rows first: fixed halves left one thread waiting ~0.9 ms a layer at 32
     // sequences, half of it from the cores' speeds changing under the machine's other tenants.
+    // Then the shared expert's gate and up in blocks of columns, so that the thread whose last
+    // expert ends first has work while the other finishes its own.
     const auto results = std::make_unique_for_overwrite<float[]>(total * hidden);
     std::vector<int64_t> order(active.size());
     std::iota(order.begin(), order.end(), 0);
     std::stable_sort(order.begin(), order.end(),
                      [&](int64_t a, int64_t b) { return assigned_[active[a]].size() > assigned_[active[b]].size(); });
-    ParallelForEach(static_cast<int64_t>(order.size()), [&](int64_t claimed) {
+    const auto routed = static_cast<int64_t>(order.size());
+    ParallelForEach(routed + shared.units(), [&](int64_t claimed) {
+      if (claimed >= routed) return shared.RunUnit(claimed - routed, x_int8.data(), x_scales.data());
       const int64_t i = order[claimed];
       const auto& batch = assigned_[active[i]];
       const auto m = static_cast<int64_t>(batch.size());
@@ -150,8 +203,9 @@ class LocalPending final : public PendingExperts {
       }
       MlpForward(moe_.experts[active[i]], rows.data(), m, y);
     });
-    // Each token's sum in ascending expert order; threads split the tokens, so a token's row stays
-    // in cache while its experts' results pass through it once.
+    const float* shared_out = shared.units() > 0 ? shared.Finish() : nullptr;
+    // Each token's sum in ascending expert order, then the shared experts' term; threads split the
+    // tokens, so a token's row stays in cache while its experts' results pass through it once.
     std::vector<std::pair<int64_t, float>> sources(tokens_ * top_k_);  // per token: (result row, weight)
     std::vector<int64_t> filled(tokens_, 0);
     for (size_t i = 0; i < active.size(); ++i) {
@@ -170,9 +224,12 @@ class LocalPending final : public PendingExperts {
           const float* src = results.get() + row * hidden;
           for (int64_t d = 0; d < hidden; ++d) dst[d] += weight * src[d];
         }
+        if (shared_out) {
+          for (int64_t d = 0; d < hidden; ++d) dst[d] += shared_out[t * hidden + d];
+        }
       }
     });
-    AddSharedExperts(moe_, x_, tokens_, out);
+    if (!shared_out) AddSharedExperts(moe_, x_, tokens_, out);
   }
 
  private:

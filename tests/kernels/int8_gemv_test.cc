@@ -225,6 +225,41 @@ TEST(Int8MatmulTest, RowsDoNotDependOnTheBatch) {
   }
 }
 
+// MatmulQuantizedBlocks, over units of blocks that cover the weight, gives every column the bits
+// MatmulQuantized gives it, and leaves the columns outside its blocks as they were.
+TEST(Int8MatmulTest, BlocksGiveTheColumnsOfTheWholeProduct) {
+  for (const auto& [n, k] : {std::pair<int64_t, int64_t>{37, 130}, {200, 2048}, {130, 66}}) {
+    const RandomInt8Weight w(n, k, 21);
+    const Tensor gemv_packed = PackGemvWeight(w.view());
+    if (gemv_packed.empty()) GTEST_SKIP() << "this CPU has no Int8Gemv";
+    const Weight weight(w.view(), w.scales.data(), nullptr, gemv_packed.data<int8_t>());
+    const int64_t blocks = (n + kMatmulColumnBlock - 1) / kMatmulColumnBlock;
+    for (int64_t m = 1; MatmulRunsByBlocks(m, weight) && m <= kPastGemvRows; m += 3) {
+      const std::vector<float> x = Random(m * k, 22);
+      std::vector<int8_t> q(m * k);
+      std::vector<float> q_scales(m);
+      QuantizeRows(x.data(), m, k, q.data(), q_scales.data());
+      std::vector<float> whole(m * n);
+      MatmulQuantized(q.data(), q_scales.data(), m, weight, whole.data());
+      for (const int64_t unit : {1, 3, 4}) {
+        std::vector<float> y(m * n, std::nanf(""));
+        for (int64_t b = 0; b < blocks; b += unit) {
+          const int64_t end = std::min(b + unit, blocks);
+          MatmulQuantizedBlocks(q.data(), q_scales.data(), m, weight, b, end, y.data());
+          for (int64_t i = 0; i < m; ++i) {
+            const int64_t done = std::min(end * kMatmulColumnBlock, n);
+            ASSERT_EQ(std::memcmp(&y[i * n], &whole[i * n], done * sizeof(float)), 0)
+                << "n " << n << " k " << k << " m " << m << " unit " << unit << ": row " << i << " to block " << end;
+            ASSERT_TRUE(std::all_of(y.begin() + i * n + done, y.begin() + (i + 1) * n,
+                                    [](float v) { return std::isnan(v); }))
+                << "n " << n << " k " << k << " m " << m << ": blocks [" << b << ", " << end << ") wrote past them";
+          }
+        }
+      }
+    }
+  }
+}
+
 // MatmulTwoPart: each row the same bits alone and in every batch (its parts run through Int8Gemv
 // or oneDNN by the batch's size), and within 2^-13 of the exact products with the INT8 weight --
 // where one INT8 part of the activations (Matmul) is off by ~2^-7.

@@ -76,10 +76,17 @@ const GemvKernels& KernelsFor(GemvIsa isa) {
   return Avx2GemvKernels();
 }
 
+// The blocks of output columns a call computes on the calling thread; without one, a call computes
+// every block, on every thread.
+struct BlockRange {
+  int64_t begin, end;
+};
+
 // Int8Gemv, and with x_scales (and w_scales) Int8GemvScaled, whose F32 results go over y's storage
 // block by block while the block is in cache.
 void Products(const GemvKernels& kernels, GemvStreams streams, const int8_t* x, int64_t m, const uint8_t* packed,
-              int64_t n, int64_t k, const float* x_scales, const float* w_scales, int32_t* y) {
+              int64_t n, int64_t k, const float* x_scales, const float* w_scales, int32_t* y,
+              const BlockRange* only = nullptr) {
   if (m == 0) return;
   std::vector<int32_t> bias(m);
   for (int64_t i = 0; i < m; ++i) bias[i] = 128 * kernels.row_sum(x + i * k, k);
@@ -158,6 +165,10 @@ void Products(const GemvKernels& kernels, GemvStreams streams, const int8_t* x, 
     }
     for (int64_t b = begin + together * part; b < end; ++b) side_pass(kernels.block_passes[m - 1], 0, &b, 1);
   };
+  if (only) {
+    run_blocks(only->begin, only->end);
+    return;
+  }
   // Where blocks are read side by side, the threads claim shrinking ranges (at least a side pass's
   // blocks): with fixed halves the batch-1 step waited ~10% of each GEMV's time for the slower
   // core; claimed, it took ~2% less time, the 4-sequence step 0-4% less (bench/RESULTS.md).
@@ -243,6 +254,16 @@ void Int8GemvScaled(GemvIsa isa, GemvStreams streams, const int8_t* x, const flo
   static_assert(sizeof(int32_t) == sizeof(float));
   Products(KernelsFor(isa), streams, x, m, packed, n, k, x_scales, w_scales, reinterpret_cast<int32_t*>(y));
 }
+
+void Int8GemvScaledBlocks(const int8_t* x, const float* x_scales, int64_t m, const uint8_t* packed, int64_t n,
+                          int64_t k, const float* w_scales, int64_t block_begin, int64_t block_end, float* y) {
+  MOE_CHECK(0 <= block_begin && block_begin <= block_end && block_end <= CeilDiv(n, kGemvBlockCols),
+            "Int8GemvScaledBlocks: blocks [%lld, %lld) of %lld columns", static_cast<long long>(block_begin),
+            static_cast<long long>(block_end), static_cast<long long>(n));
+  const BlockRange only{block_begin, block_end};
+  Products(KernelsFor(BestGemvIsa()), BestGemvStreams(), x, m, packed, n, k, x_scales, w_scales,
+           reinterpret_cast<int32_t*>(y), &only);
+}
 #else
 void Int8RowBiases(const int8_t*, int64_t, int64_t, int32_t*) { MOE_CHECK(false, "Int8RowBiases needs x86-64"); }
 
@@ -252,6 +273,11 @@ void Int8Gemv(GemvIsa, GemvStreams, const int8_t*, int64_t, const uint8_t*, int6
 
 void Int8GemvScaled(GemvIsa, GemvStreams, const int8_t*, const float*, int64_t, const uint8_t*, int64_t, int64_t,
                     const float*, float*) {
+  MOE_CHECK(false, "Int8Gemv needs x86-64");
+}
+
+void Int8GemvScaledBlocks(const int8_t*, const float*, int64_t, const uint8_t*, int64_t, int64_t, const float*,
+                          int64_t, int64_t, float*) {
   MOE_CHECK(false, "Int8Gemv needs x86-64");
 }
 #endif

@@ -75,6 +75,13 @@ void Int8GemvScaled(const int8_t* x, const float* x_scales, int64_t m, const uin
 void Int8GemvScaled(GemvIsa isa, GemvStreams streams, const int8_t* x, const float* x_scales, int64_t m,
                     const uint8_t* packed, int64_t n, int64_t k, const float* w_scales, float* y);
 
+// Int8GemvScaled's columns of blocks [block_begin, block_end) (64 columns a block, the last one
+// short where n is not a multiple of 64), on the calling thread only; y's other columns are left as
+// they are. For callers that hand a weight's blocks out among other work themselves: the columns
+// hold the same bits as Int8GemvScaled gives them.
+void Int8GemvScaledBlocks(const int8_t* x, const float* x_scales, int64_t m, const uint8_t* packed, int64_t n,
+                          int64_t k, const float* w_scales, int64_t block_begin, int64_t block_end, float* y);
+
 // biases[i] = 128 times the sum of x row i (x [m, k]): what a weight made unsigned (w + 128), as
 // PackInt8Gemv makes it, adds to each of the row's products. Needs Int8GemvSupported().
 void Int8RowBiases(const int8_t* x, int64_t m, int64_t k, int32_t* biases);

@@ -27,6 +27,7 @@
 #include "kernels/cpu/argmax_candidates.h"
 #include "kernels/cpu/avx512.h"
 #include "kernels/cpu/int8_gemv.h"
+#include "kernels/cpu/int8_gemv_kernels.h"
 #include "kernels/kernels.h"
 
 namespace moe::kernels {
@@ -425,6 +426,20 @@ void MatmulQuantized(const int8_t* x, const float* x_scales, int64_t m, const We
   MOE_CHECK(weight.data.dtype == DType::kI8, "MatmulQuantized needs I8 weights");
   if (m == 0) return;
   Execute(x, x_scales, m, weight, y);
+}
+
+bool MatmulRunsByBlocks(int64_t m, const Weight& w) {
+  return w.data.dtype == DType::kI8 && w.gemv_packed && m <= cpu::Int8GemvMaxRowsFor(w.data.dim(0), w.data.dim(1));
+}
+
+void MatmulQuantizedBlocks(const int8_t* x, const float* x_scales, int64_t m, const Weight& w, int64_t block_begin,
+                           int64_t block_end, float* y) {
+  static_assert(kMatmulColumnBlock == cpu::kGemvBlockCols);
+  MOE_CHECK(MatmulRunsByBlocks(m, w), "MatmulQuantizedBlocks: not a weight Int8Gemv runs at %lld rows",
+            static_cast<long long>(m));
+  if (m == 0) return;
+  cpu::Int8GemvScaledBlocks(x, x_scales, m, static_cast<const uint8_t*>(w.gemv_packed), w.data.dim(0),
+                            w.data.dim(1), w.row_scales, block_begin, block_end, y);
 }
 
 }  // namespace moe::kernels
