@@ -220,8 +220,8 @@ TEST(LatentAttentionTest, ZeroOutputsStayExactlyZero) {
 
 TEST(LatentAttentionTest, TokensDoNotDependOnTheirBatch) {
   // A token's output is the same bits whether it runs alone (decode), inside a chunk of any size
-  // and offset (prefill), with the work split over tokens or over key ranges: where its keys are
-  // cut depends only on how many it sees. Lengths from one range to kMaxKeyRanges of them.
+  // and offset (prefill), with the work split over tokens, over key ranges or (alone, one range)
+  // over its heads: where its keys are cut depends only on how many it sees. Lengths from one range to kMaxKeyRanges of them.
   const int64_t keys = 4700;
   LatentAttentionParams all{.tokens = keys, .keys = keys, .heads = 3, .kv_lora = 40, .rope = 8,
                             .q_offset = 0, .scale = 0.3f};

@@ -14,7 +14,8 @@
 // prompt chunk of any size or with any thread count. Parallel work is split over groups of tokens,
 // or, when there are fewer tokens than threads (decode), over (token, range) pairs; the arithmetic
 // is the same either way. Splitting over heads instead would make every thread stream the whole
-// cache from memory.
+// cache from memory, so only a lone token over a context too short for ranges (one range) splits
+// its heads.
 //
 // Online softmax in base 2. A score s is taken as x = s * log2(e) (folded into the query), so that
 // softmax_j = 2^(x_j - m) / sum_i 2^(x_i - m) for any reference m. Each head keeps m, the sum
@@ -389,6 +390,20 @@ void Run(Isa isa, int64_t splits, const float* q_lat, const float* q_pe, const T
   int64_t max_ranges = 1;
   for (int64_t t = 0; t < p.tokens; ++t) max_ranges = std::max(max_ranges, KeyRanges(p.q_offset + t + 1).count);
 
+  if (p.tokens == 1 && max_ranges == 1) {
+    // One token over one range (decode at a short context): its heads split over the threads, so
+    // that the others do not wait for one thread's attention. A head's rows give the same bits
+    // whichever heads share its tiles.
+    ParallelFor(p.heads, [&](int64_t h0, int64_t h1) {
+      LatentAttentionParams heads = p;
+      heads.heads = h1 - h0;
+      Scratch& scratch = ScratchFor(isa, kBf16, heads, layout, 1);
+      AttendTokens(ops, heads, layout, q_lat + h0 * p.kv_lora, q_pe + h0 * p.rope, c_kv, k_pe, 0, 1, 0, p.keys,
+                   scratch);
+      Normalize(heads, layout, scratch.acc.data(), scratch.acc_state.data(), out + h0 * p.kv_lora);
+    });
+    return;
+  }
   if (splits <= 1 || max_ranges == 1) {
     // Groups of kGroupTokens tokens, handed out from both ends (first, last, second, ...) so that
     // any contiguous share of them carries about as many keys as any other: later tokens see more.
