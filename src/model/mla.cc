@@ -103,57 +103,69 @@ void ExpandedAttention(const AttentionWeights& w, const ModelConfig& c, const fl
   kernels::Attention(q, k.get(), v.get(), p, out);
 }
 
-// fn(h, head_in, head_out) for every head, each thread taking the next head when it is free, with
-// buffers of in_floats and out_floats.
-void ForEachHead(int64_t heads, int64_t in_floats, int64_t out_floats,
-                 const std::function<void(int64_t, float*, float*)>& fn) {
-  ParallelForEach(heads, [&](int64_t h) {
-    const auto head_in = std::make_unique_for_overwrite<float[]>(in_floats);
-    const auto head_out = std::make_unique_for_overwrite<float[]>(out_floats);
-    fn(h, head_in.get(), head_out.get());
-  });
-}
-
 // The absorbed form folds W_uk into the query and W_uv into the output. Both run per head on every
 // row of the batch at once, so that a step reads each head's weights once, not once per sequence.
 
-// q [rows, H, nope+rope] -> q_lat [rows, H, lora] (W_uk[h]^T applied to each head's q_nope) and
-// q_pe [rows, H, rope].
-void AbsorbQueries(const AttentionWeights& w, const ModelConfig& c, const float* q, int64_t rows, float* q_lat,
-                   float* q_pe) {
+// Head h of q [rows, H, nope+rope] -> its columns of q_lat [rows, H, lora] (W_uk[h]^T applied to
+// its q_nope) and of q_pe [rows, H, rope].
+void AbsorbQueries(const AttentionWeights& w, const ModelConfig& c, const float* q, int64_t rows, int64_t h,
+                   float* q_lat, float* q_pe) {
   const int64_t heads = c.num_attention_heads, nope = c.qk_nope_head_dim, rope = c.qk_rope_head_dim;
   const int64_t lora = c.kv_lora_rank, qk = nope + rope;
-  ForEachHead(heads, rows * nope, rows * lora, [&](int64_t h, float* head_in, float* head_out) {
-    CopyColumns(q, rows, heads * qk, h * qk, nope, head_in, nope);
-    kernels::Matmul(head_in, rows, w.k_absorb[h].view(), head_out);
-    CopyColumns(head_out, rows, lora, 0, lora, q_lat + h * lora, heads * lora);
-    CopyColumns(q, rows, heads * qk, h * qk + nope, rope, q_pe + h * rope, heads * rope);
-  });
+  const auto head_in = std::make_unique_for_overwrite<float[]>(rows * nope);
+  const auto head_out = std::make_unique_for_overwrite<float[]>(rows * lora);
+  CopyColumns(q, rows, heads * qk, h * qk, nope, head_in.get(), nope);
+  kernels::Matmul(head_in.get(), rows, w.k_absorb[h].view(), head_out.get());
+  CopyColumns(head_out.get(), rows, lora, 0, lora, q_lat + h * lora, heads * lora);
+  CopyColumns(q, rows, heads * qk, h * qk + nope, rope, q_pe + h * rope, heads * rope);
 }
 
-// o_lat [rows, H, lora] -> out [rows, H, v]: W_uv[h] applied to each head's output.
-void AbsorbOutputs(const AttentionWeights& w, const ModelConfig& c, const float* o_lat, int64_t rows, float* out) {
+// Head h of o_lat [rows, H, lora] -> its columns of out [rows, H, v]: W_uv[h] applied.
+void AbsorbOutputs(const AttentionWeights& w, const ModelConfig& c, const float* o_lat, int64_t rows, int64_t h,
+                   float* out) {
   const int64_t heads = c.num_attention_heads, lora = c.kv_lora_rank, vdim = c.v_head_dim;
-  ForEachHead(heads, rows * lora, rows * vdim, [&](int64_t h, float* head_in, float* head_out) {
-    CopyColumns(o_lat, rows, heads * lora, h * lora, lora, head_in, lora);
-    kernels::Matmul(head_in, rows, w.v_absorb[h].view(), head_out);
-    CopyColumns(head_out, rows, vdim, 0, vdim, out + h * vdim, heads * vdim);
-  });
+  const auto head_in = std::make_unique_for_overwrite<float[]>(rows * lora);
+  const auto head_out = std::make_unique_for_overwrite<float[]>(rows * vdim);
+  CopyColumns(o_lat, rows, heads * lora, h * lora, lora, head_in.get(), lora);
+  kernels::Matmul(head_in.get(), rows, w.v_absorb[h].view(), head_out.get());
+  CopyColumns(head_out.get(), rows, vdim, 0, vdim, out + h * vdim, heads * vdim);
 }
 
-// One sequence's attention on the latent cache, read through its block table, its absorbed queries
-// -> o_lat [tokens, H, lora].
-void LatentAttend(const ModelConfig& c, const float* q_lat, const float* q_pe, int64_t tokens, int64_t start,
-                  const LayerKvCache& cache, std::span<const int32_t> block_table, int64_t block_size, float* o_lat) {
-  kernels::LatentAttentionParams p{tokens, start + tokens, c.num_attention_heads, c.kv_lora_rank, c.qk_rope_head_dim,
-                                   start, static_cast<float>(c.SoftmaxScale())};
-  p.block_table = block_table.data();
+// One sequence's latent attention, read through its block table, over every head.
+kernels::LatentAttentionParams LatentParams(const ModelConfig& c, const MlaSequence& s, int64_t block_size) {
+  kernels::LatentAttentionParams p{s.tokens, s.start + s.tokens, c.num_attention_heads, c.kv_lora_rank,
+                                   c.qk_rope_head_dim, s.start, static_cast<float>(c.SoftmaxScale())};
+  p.block_table = s.block_table.data();
   p.block_size = block_size;
+  return p;
+}
+
+// The sequence's absorbed queries -> o_lat [tokens, p.heads, lora].
+void LatentAttend(const kernels::LatentAttentionParams& p, const float* q_lat, const float* q_pe,
+                  const LayerKvCache& cache, float* o_lat) {
   if (cache.dtype() == DType::kF32) {
     kernels::LatentAttention(q_lat, q_pe, cache.c_kv.data<float>(), cache.k_pe.data<float>(), p, o_lat);
   } else {
     kernels::LatentAttention(q_lat, q_pe, cache.c_kv.data<bf16>(), cache.k_pe.data<bf16>(), p, o_lat);
   }
+}
+
+// A lone decode token whose attention splits its heads over the threads
+// (kernels::LatentAttentionSplitsHeads): each thread takes its heads through the absorbed queries,
+// the attention and the absorbed outputs in one parallel loop, not three, so that no thread waits
+// for the other twice more a layer. The same bits: a head's results do not depend on which heads
+// share its calls.
+void AttendLoneToken(const AttentionWeights& w, const ModelConfig& c, const kernels::LatentAttentionParams& p,
+                     const float* q, const LayerKvCache& cache, float* out) {
+  const int64_t heads = c.num_attention_heads, lora = c.kv_lora_rank, rope = c.qk_rope_head_dim;
+  std::vector<float> q_lat(heads * lora), q_pe(heads * rope), o_lat(heads * lora);
+  ParallelFor(heads, [&](int64_t h0, int64_t h1) {
+    for (int64_t h = h0; h < h1; ++h) AbsorbQueries(w, c, q, 1, h, q_lat.data(), q_pe.data());
+    kernels::LatentAttentionParams some = p;
+    some.heads = h1 - h0;
+    LatentAttend(some, q_lat.data() + h0 * lora, q_pe.data() + h0 * rope, cache, o_lat.data() + h0 * lora);
+    for (int64_t h = h0; h < h1; ++h) AbsorbOutputs(w, c, o_lat.data(), 1, h, out);
+  });
 }
 
 }  // namespace
@@ -173,22 +185,25 @@ void MlaForward(const AttentionWeights& w, const ModelConfig& c, const Rope& rop
     rows += s.tokens;
   }
 
+  // x's projections: q_a's (or q's) columns, then kv_a's.
+  const int64_t projected_width = w.q_kv_a.rows(), q_width = projected_width - (lora + rope_dim);
+  std::vector<float> projected(rows * projected_width);
+  kernels::Matmul(x, rows, w.q_kv_a.view(), projected.data());
   const auto q = std::make_unique_for_overwrite<float[]>(rows * heads * qk);
   if (c.q_lora_rank) {
-    std::vector<float> q_latent(rows * *c.q_lora_rank);
-    kernels::Matmul(x, rows, w.q_a.view(), q_latent.data());
-    kernels::RmsNorm(q_latent.data(), w.q_a_norm.data<float>(), rows, *c.q_lora_rank, eps, q_latent.data());
+    std::vector<float> q_latent(rows * q_width);
+    CopyColumns(projected.data(), rows, projected_width, 0, q_width, q_latent.data(), q_width);
+    kernels::RmsNorm(q_latent.data(), w.q_a_norm.data<float>(), rows, q_width, eps, q_latent.data());
     kernels::Matmul(q_latent.data(), rows, w.q_b.view(), q.get());
   } else {
-    kernels::Matmul(x, rows, w.q_proj.view(), q.get());
+    CopyColumns(projected.data(), rows, projected_width, 0, q_width, q.get(), q_width);
   }
   kernels::ApplyRope(q.get() + c.qk_nope_head_dim, rows, heads, heads * qk, qk, positions.data(), rope.params());
 
   // The new latents, normalized and rotated in F32, then rounded once into the cache.
-  std::vector<float> kv(rows * (lora + rope_dim)), c_kv(rows * lora), k_pe(rows * rope_dim);
-  kernels::Matmul(x, rows, w.kv_a.view(), kv.data());
-  CopyColumns(kv.data(), rows, lora + rope_dim, 0, lora, c_kv.data(), lora);
-  CopyColumns(kv.data(), rows, lora + rope_dim, lora, rope_dim, k_pe.data(), rope_dim);
+  std::vector<float> c_kv(rows * lora), k_pe(rows * rope_dim);
+  CopyColumns(projected.data(), rows, projected_width, q_width, lora, c_kv.data(), lora);
+  CopyColumns(projected.data(), rows, projected_width, q_width + lora, rope_dim, k_pe.data(), rope_dim);
   kernels::RmsNorm(c_kv.data(), w.kv_a_norm.data<float>(), rows, lora, eps, c_kv.data());
   kernels::ApplyRope(k_pe.data(), rows, 1, rope_dim, rope_dim, positions.data(), rope.params());
 
@@ -203,9 +218,19 @@ void MlaForward(const AttentionWeights& w, const ModelConfig& c, const Rope& rop
     }
   }
 
+  const int64_t vdim = c.v_head_dim;
+  if (sequences.size() == 1 && rows == 1 && sequences[0].form == AttentionForm::kAbsorbed) {
+    const kernels::LatentAttentionParams p = LatentParams(c, sequences[0], block_size);
+    if (kernels::LatentAttentionSplitsHeads(p)) {
+      const auto attn = std::make_unique_for_overwrite<float[]>(heads * vdim);
+      AttendLoneToken(w, c, p, q.get(), cache, attn.get());
+      kernels::Matmul(attn.get(), rows, w.o_proj.view(), out);
+      return;
+    }
+  }
+
   // The absorbed sequences' rows one after the other (all rows, when no sequence is expanded), for
   // the per-head GEMMs that fold kv_b into their queries and outputs.
-  const int64_t vdim = c.v_head_dim;
   std::vector<int64_t> first_row(sequences.size()), first_absorbed_row(sequences.size());
   int64_t absorbed_rows = 0;
   for (size_t i = 0, r = 0; i < sequences.size(); r += sequences[i].tokens, ++i) {
@@ -234,7 +259,8 @@ void MlaForward(const AttentionWeights& w, const ModelConfig& c, const Rope& rop
       gathered = std::make_unique_for_overwrite<float[]>(absorbed_rows * heads * qk);
       move_absorbed_rows(q.get(), gathered.get(), heads * qk, /*to_batch=*/false);
     }
-    AbsorbQueries(w, c, all_absorbed ? q.get() : gathered.get(), absorbed_rows, q_lat.get(), q_pe.get());
+    const float* absorbed_q = all_absorbed ? q.get() : gathered.get();
+    ParallelForEach(heads, [&](int64_t h) { AbsorbQueries(w, c, absorbed_q, absorbed_rows, h, q_lat.get(), q_pe.get()); });
   }
   const auto attn = std::make_unique_for_overwrite<float[]>(rows * heads * vdim);
   auto attend = [&](size_t i) {
@@ -246,8 +272,8 @@ void MlaForward(const AttentionWeights& w, const ModelConfig& c, const Rope& rop
       ExpandedAttention(w, c, q.get() + r * heads * qk, s.tokens, s.start, view, attn.get() + r * heads * vdim);
     } else {
       const int64_t r = first_absorbed_row[i];
-      LatentAttend(c, q_lat.get() + r * heads * lora, q_pe.get() + r * heads * rope_dim, s.tokens, s.start, cache,
-                   s.block_table, block_size, o_lat.get() + r * heads * lora);
+      LatentAttend(LatentParams(c, s, block_size), q_lat.get() + r * heads * lora, q_pe.get() + r * heads * rope_dim,
+                   cache, o_lat.get() + r * heads * lora);
     }
   };
   // A prompt's attention gets every thread; single-token (decode) sequences run whole, each
@@ -262,12 +288,12 @@ void MlaForward(const AttentionWeights& w, const ModelConfig& c, const Rope& rop
     }
   }
   ParallelForEach(static_cast<int64_t>(decodes.size()), [&](int64_t j) { attend(decodes[j]); });
-  if (absorbed_rows > 0 && all_absorbed) {
-    AbsorbOutputs(w, c, o_lat.get(), rows, attn.get());
-  } else if (absorbed_rows > 0) {
-    const auto absorbed_attn = std::make_unique_for_overwrite<float[]>(absorbed_rows * heads * vdim);
-    AbsorbOutputs(w, c, o_lat.get(), absorbed_rows, absorbed_attn.get());
-    move_absorbed_rows(absorbed_attn.get(), attn.get(), heads * vdim, /*to_batch=*/true);
+  if (absorbed_rows > 0) {
+    std::unique_ptr<float[]> absorbed_attn;
+    if (!all_absorbed) absorbed_attn = std::make_unique_for_overwrite<float[]>(absorbed_rows * heads * vdim);
+    float* to = all_absorbed ? attn.get() : absorbed_attn.get();
+    ParallelForEach(heads, [&](int64_t h) { AbsorbOutputs(w, c, o_lat.get(), absorbed_rows, h, to); });
+    if (!all_absorbed) move_absorbed_rows(absorbed_attn.get(), attn.get(), heads * vdim, /*to_batch=*/true);
   }
   kernels::Matmul(attn.get(), rows, w.o_proj.view(), out);
 }

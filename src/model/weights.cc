@@ -65,14 +65,14 @@ Tensor Slice(const Tensor& w, int64_t begin, int64_t rows, bool transpose) {
 AttentionWeights LoadAttention(TensorLoader& loader, const std::string& prefix, const ModelConfig& c) {
   AttentionWeights a;
   const int64_t heads = c.num_attention_heads, hidden = c.hidden_size;
+  const Tensor q = c.q_lora_rank ? loader.F32(prefix + "q_a_proj.weight", {*c.q_lora_rank, hidden})
+                                 : loader.F32(prefix + "q_proj.weight", {heads * c.qk_head_dim(), hidden});
   if (c.q_lora_rank) {
-    a.q_a = loader.LoadLinear(prefix + "q_a_proj.weight", *c.q_lora_rank, hidden);
     a.q_a_norm = loader.F32(prefix + "q_a_layernorm.weight", {*c.q_lora_rank});
     a.q_b = loader.LoadLinear(prefix + "q_b_proj.weight", heads * c.qk_head_dim(), *c.q_lora_rank);
-  } else {
-    a.q_proj = loader.LoadLinear(prefix + "q_proj.weight", heads * c.qk_head_dim(), hidden);
   }
-  a.kv_a = loader.LoadLinear(prefix + "kv_a_proj_with_mqa.weight", c.kv_lora_rank + c.qk_rope_head_dim, hidden);
+  const Tensor kv_a = loader.F32(prefix + "kv_a_proj_with_mqa.weight", {c.kv_lora_rank + c.qk_rope_head_dim, hidden});
+  a.q_kv_a = MakeInputProjection(q, kv_a, loader.linear_dtype());
   a.kv_a_norm = loader.F32(prefix + "kv_a_layernorm.weight", {c.kv_lora_rank});
   Tensor kv_b = loader.F32(prefix + "kv_b_proj.weight", {heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank});
   a.o_proj = loader.LoadLinear(prefix + "o_proj.weight", hidden, heads * c.v_head_dim);
@@ -110,6 +110,16 @@ LayerWeights LoadLayer(TensorLoader& loader, int64_t index, const ModelConfig& c
 }
 
 }  // namespace
+
+Linear MakeInputProjection(const Tensor& q, const Tensor& kv_a, DType dtype) {
+  MOE_CHECK(q.dim(1) == kv_a.dim(1), "q [%lld, %lld] and kv_a [%lld, %lld] take different inputs",
+            static_cast<long long>(q.dim(0)), static_cast<long long>(q.dim(1)), static_cast<long long>(kv_a.dim(0)),
+            static_cast<long long>(kv_a.dim(1)));
+  Tensor stacked = Tensor::ForOverwrite(DType::kF32, {q.dim(0) + kv_a.dim(0), q.dim(1)});
+  std::memcpy(stacked.data<float>(), q.data<float>(), q.numel() * sizeof(float));
+  std::memcpy(stacked.data<float>() + q.numel(), kv_a.data<float>(), kv_a.numel() * sizeof(float));
+  return MakeLinear(std::move(stacked), dtype);
+}
 
 void SplitAbsorbedWeights(const ModelConfig& c, const Tensor& kv_b, DType dtype, AttentionWeights& a) {
   const int64_t per_head = c.qk_nope_head_dim + c.v_head_dim;

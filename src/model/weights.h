@@ -41,11 +41,12 @@ Linear MakeLinear(Tensor f32_weight, DType dtype);
 Linear MakeHead(Tensor f32_weight, DType dtype);
 
 struct AttentionWeights {
-  Linear q_a, q_b;  // with q_lora_rank
-  Tensor q_a_norm;
-  Linear q_proj;  // without
-  Linear kv_a, kv_b, o_proj;
-  Tensor kv_a_norm;
+  // The projections of x: q_a (with q_lora_rank) or q_proj (without), then kv_a, stacked as one
+  // weight, so that one GEMM reads both and x is quantized once (MakeInputProjection).
+  Linear q_kv_a;
+  Linear q_b;  // with q_lora_rank
+  Tensor q_a_norm, kv_a_norm;
+  Linear kv_b, o_proj;
   // kv_b split per head for the absorbed form: k_absorb[h] = W_uk[h]^T as [kv_lora, nope] and
   // v_absorb[h] = W_uv[h] as [v, kv_lora], both in the `y = x · w^T` layout Matmul takes.
   std::vector<Linear> k_absorb, v_absorb;
@@ -82,6 +83,10 @@ struct ModelWeights {
   Linear lm_head;
   std::optional<MtpWeights> mtp;
 };
+
+// AttentionWeights::q_kv_a from F32 [q rows, hidden] (q_a or q_proj) and [kv_lora + rope, hidden]
+// (kv_a), in `dtype`.
+Linear MakeInputProjection(const Tensor& q_f32, const Tensor& kv_a_f32, DType dtype);
 
 // Fills k_absorb and v_absorb, in `dtype`, from kv_b given in F32.
 void SplitAbsorbedWeights(const ModelConfig& config, const Tensor& kv_b_f32, DType dtype,

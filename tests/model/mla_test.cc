@@ -38,14 +38,12 @@ AttentionWeights RandomAttention(const ModelConfig& c, DType dtype, std::mt19937
   auto linear = [&](Shape shape, float scale) { return MakeLinear(RandomTensor(std::move(shape), rng, scale), dtype); };
   const int64_t heads = c.num_attention_heads, hidden = c.hidden_size;
   AttentionWeights a;
+  const Tensor q = RandomTensor({c.q_lora_rank ? *c.q_lora_rank : heads * c.qk_head_dim(), hidden}, rng, 0.15f);
   if (c.q_lora_rank) {
-    a.q_a = linear({*c.q_lora_rank, hidden}, 0.15f);
     a.q_a_norm = RandomTensor({*c.q_lora_rank}, rng, 1.0f);
     a.q_b = linear({heads * c.qk_head_dim(), *c.q_lora_rank}, 0.2f);
-  } else {
-    a.q_proj = linear({heads * c.qk_head_dim(), hidden}, 0.15f);
   }
-  a.kv_a = linear({c.kv_lora_rank + c.qk_rope_head_dim, hidden}, 0.15f);
+  a.q_kv_a = MakeInputProjection(q, RandomTensor({c.kv_lora_rank + c.qk_rope_head_dim, hidden}, rng, 0.15f), dtype);
   a.kv_a_norm = RandomTensor({c.kv_lora_rank}, rng, 1.0f);
   Tensor kv_b = RandomTensor({heads * (c.qk_nope_head_dim + c.v_head_dim), c.kv_lora_rank}, rng, 0.2f);
   a.o_proj = linear({hidden, heads * c.v_head_dim}, 0.15f);

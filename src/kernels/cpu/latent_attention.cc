@@ -390,7 +390,7 @@ void Run(Isa isa, int64_t splits, const float* q_lat, const float* q_pe, const T
   int64_t max_ranges = 1;
   for (int64_t t = 0; t < p.tokens; ++t) max_ranges = std::max(max_ranges, KeyRanges(p.q_offset + t + 1).count);
 
-  if (p.tokens == 1 && max_ranges == 1) {
+  if (LatentAttentionSplitsHeads(p)) {
     // One token over one range (decode at a short context): its heads split over the threads, so
     // that the others do not wait for one thread's attention. A head's rows give the same bits
     // whichever heads share its tiles.
@@ -502,6 +502,10 @@ void LatentAttention(Isa isa, int64_t key_splits, const float* q_lat, const floa
 }  // namespace moe::kernels::cpu
 
 namespace moe::kernels {
+
+bool LatentAttentionSplitsHeads(const LatentAttentionParams& p) {
+  return p.tokens == 1 && cpu::KeyRanges(p.q_offset + 1).count == 1;
+}
 
 void LatentAttention(const float* q_lat, const float* q_pe, const float* c_kv, const float* k_pe,
                      const LatentAttentionParams& p, float* out) {
