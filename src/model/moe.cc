@@ -1,11 +1,13 @@
 #include "model/moe.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <limits>
 #include <memory>
 #include <numeric>
+#include <thread>
 #include <vector>
 
 #include "base/int_math.h"
@@ -95,51 +97,79 @@ void Route(const ModelConfig& c, const float* logits, const float* score_bias, i
 
 namespace {
 
-// The shared experts of a step's tokens where their gate and up run by blocks of columns
-// (kernels::MatmulRunsByBlocks: INT8, a few rows), handed out as units of work among the routed
-// experts'. The same bits as MlpForward: the blocks' columns are those MatmulQuantized gives.
+// The shared experts of a step's tokens where they run by blocks of columns
+// (kernels::MatmulRunsByBlocks: INT8, a few rows), handed out as units of work after the routed
+// experts': their gate's and up's units, then their down projection's, in the same loop, so that
+// the step has one parallel loop of experts a layer, not two. The same bits as MlpForward: the
+// blocks' columns are those MatmulQuantized gives, and SiLU's output is quantized as Matmul
+// quantizes it.
 class SharedBlocks {
  public:
   // `tokens` 0: no units (the shared experts run on their own, AddSharedExperts).
   SharedBlocks(const MoeWeights& moe, int64_t tokens) : tokens_(tokens) {
     if (tokens == 0 || !moe.shared) return;
     const MlpWeights& w = *moe.shared;
-    if (!kernels::MatmulRunsByBlocks(tokens, w.gate.view()) || !kernels::MatmulRunsByBlocks(tokens, w.up.view())) return;
+    for (const Linear* l : {&w.gate, &w.up, &w.down}) {
+      if (!kernels::MatmulRunsByBlocks(tokens, l->view())) return;
+    }
     w_ = &w;
-    gate_units_ = CeilDiv(CeilDiv(w.gate.rows(), kernels::kMatmulColumnBlock), kUnitBlocks);
-    up_units_ = CeilDiv(CeilDiv(w.up.rows(), kernels::kMatmulColumnBlock), kUnitBlocks);
+    gate_units_ = Units(w.gate);
+    up_units_ = Units(w.up);
+    down_units_ = Units(w.down);
     gate_ = std::make_unique_for_overwrite<float[]>(tokens * w.gate.rows());
     up_ = std::make_unique_for_overwrite<float[]>(tokens * w.up.rows());
+    act_ = std::make_unique_for_overwrite<int8_t[]>(tokens * w.gate.rows());
+    act_scales_ = std::make_unique_for_overwrite<float[]>(tokens);
+    out_ = std::make_unique_for_overwrite<float[]>(tokens * w.down.rows());
   }
 
-  int64_t units() const { return gate_units_ + up_units_; }
+  // The gate's and up's units, and the down projection's, to be handed out in that order.
+  int64_t leading_units() const { return gate_units_ + up_units_; }
+  int64_t trailing_units() const { return down_units_; }
 
-  // Unit u of the gate's, then the up's, from the tokens quantized (QuantizeRows).
-  void RunUnit(int64_t u, const int8_t* x, const float* x_scales) {
+  // Unit u of the gate's, then the up's, from the tokens quantized (QuantizeRows). The thread that
+  // ends the last of them makes the down projection's input.
+  void RunLeadingUnit(int64_t u, const int8_t* x, const float* x_scales) {
     const bool gate = u < gate_units_;
-    const Linear& linear = gate ? w_->gate : w_->up;
-    const int64_t begin = (gate ? u : u - gate_units_) * kUnitBlocks;
-    const int64_t end = std::min(begin + kUnitBlocks, CeilDiv(linear.rows(), kernels::kMatmulColumnBlock));
-    kernels::MatmulQuantizedBlocks(x, x_scales, tokens_, linear.view(), begin, end, gate ? gate_.get() : up_.get());
+    RunBlocks(gate ? w_->gate : w_->up, gate ? u : u - gate_units_, x, x_scales, gate ? gate_.get() : up_.get());
+    if (leading_done_.fetch_add(1, std::memory_order_acq_rel) + 1 < leading_units()) return;
+    const int64_t width = w_->gate.rows();
+    kernels::SiluMul(gate_.get(), up_.get(), tokens_ * width, gate_.get());
+    kernels::QuantizeRows(gate_.get(), tokens_, width, act_.get(), act_scales_.get());
+    act_ready_.store(true, std::memory_order_release);
+  }
+
+  // Unit u of the down projection, once its input is made: at once, or after the other thread's
+  // last leading unit (every leading unit was handed out before any trailing one, so one is
+  // running).
+  void RunTrailingUnit(int64_t u) {
+    while (!act_ready_.load(std::memory_order_acquire)) std::this_thread::yield();
+    RunBlocks(w_->down, u, act_.get(), act_scales_.get(), out_.get());
   }
 
   // Once every unit has run: the shared experts' output, [tokens, hidden].
-  const float* Finish() {
-    const int64_t width = w_->gate.rows();
-    kernels::SiluMul(gate_.get(), up_.get(), tokens_ * width, gate_.get());
-    out_ = std::make_unique_for_overwrite<float[]>(tokens_ * w_->down.rows());
-    kernels::Matmul(gate_.get(), tokens_, w_->down.view(), out_.get());
-    return out_.get();
-  }
+  const float* out() const { return out_.get(); }
 
  private:
   // Four blocks a unit, as many as Int8Gemv reads side by side at one row: bench-3b's shared gate
-  // and up are 8 units of 512 KiB.
+  // and up are 8 units of 512 KiB, its down 8 of 256 KiB.
   static constexpr int64_t kUnitBlocks = 4;
+  static int64_t Units(const Linear& l) {
+    return CeilDiv(CeilDiv(l.rows(), kernels::kMatmulColumnBlock), kUnitBlocks);
+  }
+  void RunBlocks(const Linear& l, int64_t unit, const int8_t* x, const float* x_scales, float* y) const {
+    const int64_t begin = unit * kUnitBlocks;
+    const int64_t end = std::min(begin + kUnitBlocks, CeilDiv(l.rows(), kernels::kMatmulColumnBlock));
+    kernels::MatmulQuantizedBlocks(x, x_scales, tokens_, l.view(), begin, end, y);
+  }
+
   int64_t tokens_;
   const MlpWeights* w_ = nullptr;
-  int64_t gate_units_ = 0, up_units_ = 0;
-  std::unique_ptr<float[]> gate_, up_, out_;
+  int64_t gate_units_ = 0, up_units_ = 0, down_units_ = 0;
+  std::unique_ptr<float[]> gate_, up_, act_scales_, out_;
+  std::unique_ptr<int8_t[]> act_;
+  std::atomic<int64_t> leading_done_ = 0;
+  std::atomic<bool> act_ready_ = false;
 };
 
 class LocalPending final : public PendingExperts {
@@ -173,16 +203,18 @@ class LocalPending final : public PendingExperts {
     // split its GEMMs across threads), each thread taking the next expert when it is free, those
     // with the most rows first: fixed halves left one thread waiting ~0.9 ms a layer at 32
     // sequences, half of it from the cores' speeds changing under the machine's other tenants.
-    // Then the shared expert's gate and up in blocks of columns, so that the thread whose last
-    // expert ends first has work while the other finishes its own.
+    // Then the shared expert in blocks of columns (SharedBlocks), so that the thread whose last
+    // routed expert ends first has work while the other finishes its own.
     const auto results = std::make_unique_for_overwrite<float[]>(total * hidden);
     std::vector<int64_t> order(active.size());
     std::iota(order.begin(), order.end(), 0);
     std::stable_sort(order.begin(), order.end(),
                      [&](int64_t a, int64_t b) { return assigned_[active[a]].size() > assigned_[active[b]].size(); });
     const auto routed = static_cast<int64_t>(order.size());
-    ParallelForEach(routed + shared.units(), [&](int64_t claimed) {
-      if (claimed >= routed) return shared.RunUnit(claimed - routed, x_int8.data(), x_scales.data());
+    const int64_t leading = shared.leading_units();
+    ParallelForEach(leading + routed + shared.trailing_units(), [&](int64_t claimed) {
+      if (claimed >= routed + leading) return shared.RunTrailingUnit(claimed - routed - leading);
+      if (claimed >= routed) return shared.RunLeadingUnit(claimed - routed, x_int8.data(), x_scales.data());
       const int64_t i = order[claimed];
       const auto& batch = assigned_[active[i]];
       const auto m = static_cast<int64_t>(batch.size());
@@ -203,7 +235,7 @@ class LocalPending final : public PendingExperts {
       }
       MlpForward(moe_.experts[active[i]], rows.data(), m, y);
     });
-    const float* shared_out = shared.units() > 0 ? shared.Finish() : nullptr;
+    const float* shared_out = shared.leading_units() > 0 ? shared.out() : nullptr;
     // Each token's sum in ascending expert order, then the shared experts' term; threads split the
     // tokens, so a token's row stays in cache while its experts' results pass through it once.
     std::vector<std::pair<int64_t, float>> sources(tokens_ * top_k_);  // per token: (result row, weight)
