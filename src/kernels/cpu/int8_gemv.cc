@@ -156,14 +156,21 @@ void Products(const GemvKernels& kernels, GemvStreams streams, const int8_t* x, 
       return;
     }
     // The range's first `together` parts of `part` blocks, the j-th block of each read side by
-    // side; the blocks past them alone.
+    // side; the blocks past them side by side too at one row, else alone.
     const int64_t together = kernels.side_blocks[m - 1], part = (end - begin) / together;
     for (int64_t j = begin; j < begin + part; ++j) {
       int64_t b[kGemvMaxSideBlocks];
       for (int64_t p = 0; p < together; ++p) b[p] = j + p * part;
       side_pass(kernels.side_passes[m - 1], 0, b, together);
     }
-    for (int64_t b = begin + together * part; b < end; ++b) side_pass(kernels.block_passes[m - 1], 0, &b, 1);
+    const int64_t past = begin + together * part;
+    if (m == 1 && past < end) {
+      int64_t b[kGemvMaxSideBlocks];
+      for (int64_t p = 0; p < end - past; ++p) b[p] = past + p;
+      side_pass(kernels.one_row_passes[end - past - 1], 0, b, end - past);
+      return;
+    }
+    for (int64_t b = past; b < end; ++b) side_pass(kernels.block_passes[m - 1], 0, &b, 1);
   };
   if (only) {
     run_blocks(only->begin, only->end);

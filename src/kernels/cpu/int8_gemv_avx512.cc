@@ -165,7 +165,8 @@ const GemvKernels& Avx512VnniGemvKernels() {
                                        {4, 2, 2},
                                        {&SidePass<4, 1>, &SidePass<2, 2>, &SidePass<2, 3>},
                                        {&SidePass<1, 1>, &SidePass<1, 2>, &SidePass<1, 3>, &SidePass<1, 4>,
-                                        &SidePass<1, 5>, &SidePass<1, 6>}};
+                                        &SidePass<1, 5>, &SidePass<1, 6>},
+                                       {&SidePass<1, 1>, &SidePass<2, 1>, &SidePass<3, 1>, &SidePass<4, 1>}};
   return kernels;
 }
 

@@ -48,6 +48,9 @@ struct GemvKernels {
   int side_blocks[kGemvMaxSideRows] = {};  // <= kGemvMaxSideBlocks
   SidePass side_passes[kGemvMaxSideRows] = {};
   SidePass block_passes[kGemvMaxPassRows] = {};  // set wherever side_rows > 0
+  // one_row_passes[b - 1]: side_passes[0] over b blocks, for the blocks a range leaves past its
+  // parts at one row (set wherever side_rows > 0).
+  SidePass one_row_passes[kGemvMaxSideBlocks] = {};
 };
 
 const GemvKernels& Avx512VnniGemvKernels();
