@@ -167,13 +167,13 @@ struct LatentAttentionParams {
 };
 void LatentAttention(const float* q_lat, const float* q_pe, const float* c_kv, const float* k_pe,
                      const LatentAttentionParams& p, float* out);
+void LatentAttention(const float* q_lat, const float* q_pe, const bf16* c_kv, const bf16* k_pe,
+                     const LatentAttentionParams& p, float* out);
 // Whether LatentAttention splits p's heads over the threads: a lone token over a context short
 // enough for one range of keys (longer ones split the keys). Its heads then give the same bits
 // whichever heads share a call, so a caller may split them itself, calling LatentAttention on
 // ranges of heads (q_lat, q_pe and out moved to the range's first head, p.heads its count) from a
 // parallel loop of its own.
 bool LatentAttentionSplitsHeads(const LatentAttentionParams& p);
-void LatentAttention(const float* q_lat, const float* q_pe, const bf16* c_kv, const bf16* k_pe,
-                     const LatentAttentionParams& p, float* out);
 
 }  // namespace moe::kernels
