@@ -124,7 +124,8 @@ MOE_AVX512_VNNI void Pass(const int8_t* x, int64_t stride, const uint8_t* w, con
 template <int kBlocks, int kM>
 MOE_AVX512_VNNI void SidePass(const int8_t* x, int64_t stride, const uint8_t* const* w, int64_t groups,
                               int32_t* const* y, const int64_t* cols, int64_t n, const int32_t* bias,
-                              const float* x_scales, const float* const* w_scales) {
+                              const float* x_scales, const float* const* w_scales, const uint8_t* prefetch,
+                              int64_t prefetch_lines) {
   static_assert(kBlocks * kM * 4 + 4 + 1 <= 32, "every block's sums, a group's weights and an x group fit the registers");
   __m512i acc[kBlocks][kM][4];
 #pragma GCC unroll 4
@@ -136,6 +137,12 @@ MOE_AVX512_VNNI void SidePass(const int8_t* x, int64_t stride, const uint8_t* co
     }
   }
   for (int64_t g = 0; g < groups; ++g) {
+    if constexpr (kBlocks == 1) {
+      if (prefetch) {
+        const uint8_t* lines = prefetch + g * prefetch_lines * kGemvLineBytes;
+        for (int64_t l = 0; l < prefetch_lines; ++l) _mm_prefetch(lines + l * kGemvLineBytes, _MM_HINT_T0);
+      }
+    }
 #pragma GCC unroll 4
     for (int b = 0; b < kBlocks; ++b) AddGroup<kM, false>(acc[b], x, stride, w[b], nullptr, g);
   }

@@ -10,6 +10,7 @@ namespace moe::kernels::cpu {
 
 inline constexpr int64_t kGemvBlockCols = 64;                 // output columns of a block
 inline constexpr int64_t kGemvGroupBytes = 4 * kGemvBlockCols;  // one group of 4 bytes of k for a block
+inline constexpr int64_t kGemvLineBytes = 64;                 // a cache line
 inline constexpr int kGemvMaxPassRows = 6;
 inline constexpr int kGemvMaxSideRows = 3;
 inline constexpr int kGemvMaxSideBlocks = 4;
@@ -34,10 +35,13 @@ struct GemvKernels {
   // side_passes[r - 1]: for each of side_blocks[r - 1] blocks w[b], y[b][i, 0..cols[b]) = the
   // products of r x rows and the block over all `groups` groups, the blocks read in turns, less
   // bias[i]; with w_scales (the blocks'), as F32 times x_scales[i], then times each column's scale,
-  // as GemvFinish says. Rows of y n apart. block_passes[r - 1]: the same for one block.
+  // as GemvFinish says. Rows of y n apart. block_passes[r - 1]: the same for one block, which with
+  // `prefetch` also fetches prefetch_lines cache lines from there into L1 for each group, the
+  // lines after the previous group's.
   using SidePass = void (*)(const int8_t* x, int64_t stride, const uint8_t* const* w, int64_t groups,
                             int32_t* const* y, const int64_t* cols, int64_t n, const int32_t* bias,
-                            const float* x_scales, const float* const* w_scales);
+                            const float* x_scales, const float* const* w_scales, const uint8_t* prefetch,
+                            int64_t prefetch_lines);
   // The sum of k bytes of x.
   using RowSum = int32_t (*)(const int8_t* x, int64_t k);
 
