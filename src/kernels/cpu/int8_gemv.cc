@@ -46,6 +46,11 @@
 // the halves, and at 8-12 rows 11-16% faster than the halves' passes over chunks; the 32-way
 // decode step took ~5-7% less time (bench/RESULTS.md). The Xeons measured before keep the halves.
 //
+// A lone pass of 4-6 rows streams its block with a prefetch 4 KiB ahead after all: 64 of bench-3b's
+// experts read 7-10% faster so (the gate), 18-28% (the down, of 64 KiB blocks), and the 8-32-way
+// decode steps took 1-2.5% less time; at 1-3 rows (side passes) the same prefetch cost the batch-1
+// step 7% (bench/RESULTS.md).
+//
 // Past six rows a block takes several passes, the first from memory, the later ones from L2 and
 // bound by arithmetic; those later passes bring the range's next block into the cache between their
 // groups, a part each, so that its first pass does not wait on memory either. At 32 rows the
@@ -70,6 +75,9 @@ namespace {
 constexpr int64_t kStreams = 2;                          // runs of a chunk, from as many places in k
 constexpr int64_t kRunGroups = 128 / kStreams;           // a chunk's run: 32 KiB of a block in all
 constexpr int64_t kPrefetchAhead = 8 * kGemvGroupBytes;  // 2 KiB: measured best of 0, 2, 8, 32 KiB
+// How far a lone pass of 4-6 rows prefetches ahead of its block's stream: 4 KiB, measured best of
+// 1, 2, 4, 8 KiB (8 within noise).
+constexpr int64_t kStreamAhead = 16 * kGemvGroupBytes;
 
 #if defined(__x86_64__)
 const GemvKernels& KernelsFor(GemvIsa isa) {
@@ -154,15 +162,20 @@ void Products(const GemvKernels& kernels, GemvStreams streams, const int8_t* x, 
       return;
     }
     if (m > kernels.side_rows) {
-      // One block at a time, whole, each pass's rows in turn (the block's later passes from L2),
-      // the later passes fetching the range's next block between them, `lines` a group each.
+      // One block at a time, whole, each pass's rows in turn (the block's later passes from L2).
+      // A lone pass prefetches kStreamAhead ahead of itself; of several, the later ones fetch the
+      // range's next block between them, `lines` a group each.
       const int64_t passes = CeilDiv(m, pass_rows), lines = passes >= 5 ? 1 : passes >= 3 ? 2 : 4;
       const int64_t part_bytes = lines * kGemvLineBytes * groups;
       for (int64_t b = begin; b < end; ++b) {
+        if (passes == 1) {
+          side_pass(kernels.block_passes[m - 1], 0, &b, 1, block(b) + kStreamAhead, kGemvGroupBytes / kGemvLineBytes);
+          continue;
+        }
         for (int64_t i = 0, p = 0; i < m; i += pass_rows, ++p) {
           const bool fetches = b + 1 < end && p > 0 && (p - 1) * part_bytes < groups * kGemvGroupBytes;
-          const uint8_t* ahead = fetches ? block(b + 1) + (p - 1) * part_bytes : nullptr;
-          side_pass(kernels.block_passes[std::min(pass_rows, m - i) - 1], i, &b, 1, ahead, lines);
+          const uint8_t* next = fetches ? block(b + 1) + (p - 1) * part_bytes : nullptr;
+          side_pass(kernels.block_passes[std::min(pass_rows, m - i) - 1], i, &b, 1, next, lines);
         }
       }
       return;
