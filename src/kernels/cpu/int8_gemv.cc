@@ -163,8 +163,9 @@ void Products(const GemvKernels& kernels, GemvStreams streams, const int8_t* x, 
     }
     if (m > kernels.side_rows) {
       // One block at a time, whole, each pass's rows in turn (the block's later passes from L2).
-      // A lone pass prefetches kStreamAhead ahead of itself; of several, the later ones fetch the
-      // range's next block between them, `lines` a group each.
+      // A lone pass prefetches kStreamAhead ahead of itself (past `packed` too: a prefetch never
+      // faults); of several, the later ones fetch the range's next block between them, `lines` a
+      // group each.
       const int64_t passes = CeilDiv(m, pass_rows), lines = passes >= 5 ? 1 : passes >= 3 ? 2 : 4;
       const int64_t part_bytes = lines * kGemvLineBytes * groups;
       for (int64_t b = begin; b < end; ++b) {
