@@ -22,10 +22,16 @@ Derived figures:
   the num_experts_per_tok routed + shared experts, the lm_head (INT8 under w8a8), norms, one
   embedding row; INT8 weights carry one F32 scale per row. Not the latent cache (~0.2% here).
 - batch-1 roofline = measured read bandwidth / those bytes; fraction = measured / roofline.
+- a C-sequence decode step's bytes: those, plus the routed experts the C tokens touch beyond one
+  token's (n_routed x (1 - (1 - top_k / n_routed)^C) per MoE layer, uniform routing expected), plus
+  each sequence's latent cache at the run's mean context; step floor = bytes / read bandwidth,
+  fraction = floor / median step. The C-way / batch-1 throughput ratio's bound is C x (batch-1
+  step bytes) / (C-way step bytes): what equal bandwidth efficiency at both would give.
 - prefill ops = 2 x active linear parameters per token x prompt tokens (attention projections,
   dense MLP, router, the routed + shared experts a token uses; not the attention scores, not
-  the lm_head's one row) over the time to the first token, as a fraction of the INT8 peak (BF16
-  peak for bf16).
+  the lm_head's one row) over the time to the first token, as a fraction of the INT8 peak of the
+  VNNI loop, the kernels issue's measure (and, beside it, of the AMX-INT8 tiles' peak, which is
+  the same figure on a CPU without them); bf16 against the AMX-BF16 peak (the BF16 one without AMX).
 
 --profile instead runs `perf record` on batch-1 and 32-way w8a8 decode (decode steps only) and
 writes the top symbols next to FILE.
@@ -152,8 +158,9 @@ def machine_info(threads):
 
 
 def roofline(build, env, sampler):
-    """-> {read_GBps, int8_GOPs, bf16_GFLOPs, f32_GFLOPs}: best of the header's best-of-ten and
-    the Roofline rows, over two runs of the microbenchmark."""
+    """-> {read_GBps, int8_GOPs, bf16_GFLOPs, f32_GFLOPs, amx_int8_GOPs, amx_bf16_GFLOPs}: best of
+    the header's best-of-ten and the Roofline rows, over two runs of the microbenchmark (the AMX
+    peaks are the INT8 and BF16 ones on a CPU without AMX)."""
     exe = os.path.join(build, "bench", "moe_microbench")
     best = {}
     t0 = time.time()
@@ -165,9 +172,12 @@ def roofline(build, env, sampler):
         vals = {"read_GBps": float(ctx["read_bandwidth_GBps"]),
                 "int8_GOPs": float(ctx["int8_peak_GOPs"].split()[0]),
                 "f32_GFLOPs": float(ctx["f32_peak_GFLOPs"].split()[0]),
-                "bf16_GFLOPs": float(ctx["bf16_peak_GFLOPs"].split()[0])}
+                "bf16_GFLOPs": float(ctx["bf16_peak_GFLOPs"].split()[0]),
+                "amx_int8_GOPs": float(ctx["amx_int8_peak_GOPs"].split()[0]),
+                "amx_bf16_GFLOPs": float(ctx["amx_bf16_peak_GFLOPs"].split()[0])}
         rows = {"Roofline/ReadBandwidth": ("read_GBps", "GB/s"), "Roofline/Int8Peak": ("int8_GOPs", "GOP/s"),
-                "Roofline/F32Peak": ("f32_GFLOPs", "GOP/s"), "Roofline/Bf16Peak": ("bf16_GFLOPs", "GOP/s")}
+                "Roofline/F32Peak": ("f32_GFLOPs", "GOP/s"), "Roofline/Bf16Peak": ("bf16_GFLOPs", "GOP/s"),
+                "Roofline/AmxInt8Peak": ("amx_int8_GOPs", "GOP/s"), "Roofline/AmxBf16Peak": ("amx_bf16_GFLOPs", "GOP/s")}
         for b in j["benchmarks"]:
             if b["name"] in rows:
                 key, counter = rows[b["name"]]
@@ -237,7 +247,18 @@ def model_figures(cfg, dtype):
     decode_bytes = layers[0] + head_bytes + H * 4 + H * 4  # + final norm + one embedding row
     kv_bytes_per_ctx_token = L * (kvl + rope) * (4 if dtype == "f32" else 2)
     return {"decode_weight_bytes": decode_bytes, "lm_head_bytes": head_bytes,
-            "active_linear_params": layers[1], "latent_cache_bytes_per_context_token": kv_bytes_per_ctx_token}
+            "active_linear_params": layers[1], "latent_cache_bytes_per_context_token": kv_bytes_per_ctx_token,
+            "routed_expert_bytes": mlp(mi)[0], "moe_layers": L - dense_k, "n_routed_experts": E,
+            "num_experts_per_tok": k}
+
+
+def decode_step_bytes(figs, sequences, mean_context):
+    """Bytes a decode step of `sequences` tokens reads: batch-1's weights, the further routed
+    experts the tokens touch (uniform routing expected), every sequence's latent cache."""
+    E, k = figs["n_routed_experts"], figs["num_experts_per_tok"]
+    touched = E * (1 - (1 - k / E) ** sequences)
+    experts = figs["moe_layers"] * (touched - k) * figs["routed_expert_bytes"]
+    return figs["decode_weight_bytes"] + experts + sequences * mean_context * figs["latent_cache_bytes_per_context_token"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -378,7 +399,10 @@ def best_runs(results):
 def derive(best, figs, limits, dtype):
     """Figures per scenario, with the roofline fractions."""
     out = {}
-    peak = limits["int8_GOPs"] if dtype == "w8a8" else limits["bf16_GFLOPs"] if dtype == "bf16" else limits["f32_GFLOPs"]
+    # BF16 prompts run on AMX tiles where the CPU has them; the kernels issue sets the w8a8 target
+    # against the VNNI loop's INT8 peak, and the tiles' is given beside it.
+    peak = (limits["int8_GOPs"] if dtype == "w8a8" else limits["amx_bf16_GFLOPs"] if dtype == "bf16"
+            else limits["f32_GFLOPs"])
     roof_tok_s = limits["read_GBps"] * 1e9 / figs["decode_weight_bytes"]
     for name, r in best.items():
         d = {"repetitions": None}
@@ -387,6 +411,8 @@ def derive(best, figs, limits, dtype):
             gops = 2 * figs["active_linear_params"] * tok_s / 1e9
             d.update({"prefill_tok_s": tok_s, "ttft_ms": r["mean_ttft_ms"], "linear_GOPs": gops,
                       "frac_of_peak": gops / peak, "peak_used": peak})
+            if dtype == "w8a8":
+                d["frac_of_amx_int8_peak"] = gops / limits["amx_int8_GOPs"]
         else:
             d.update({"decode_tok_s": r["decode_tokens_per_s"], "output_tok_s_e2e": r["output_tokens_per_s"],
                       "tpot_ms": r["mean_tpot_ms"], "p99_tpot_ms": r["p99_tpot_ms"], "ttft_ms": r["mean_ttft_ms"],
@@ -395,6 +421,13 @@ def derive(best, figs, limits, dtype):
                 d["roofline_tok_s"] = roof_tok_s
                 d["frac_of_roofline"] = r["decode_tokens_per_s"] / roof_tok_s
                 d["effective_GBps"] = r["decode_tokens_per_s"] * figs["decode_weight_bytes"] / 1e9
+            else:
+                context = r["input_len"] + r["output_len"] / 2
+                step_bytes = decode_step_bytes(figs, r["concurrency"], context)
+                d["step_GB"] = step_bytes / 1e9
+                d["step_floor_ms"] = step_bytes / (limits["read_GBps"] * 1e6)
+                d["step_frac_of_roofline"] = d["step_floor_ms"] / r["median_decode_step_ms"]
+                d["vs_batch1_bound"] = r["concurrency"] * decode_step_bytes(figs, 1, context) / step_bytes
         d["others_cores_mean"] = r["load"].get("other_cores_mean")
         d["cpu_share"] = r.get("cpu_share")
         out[name] = d
@@ -403,12 +436,13 @@ def derive(best, figs, limits, dtype):
 
 def print_table(derived, limits):
     log(f"limits: read {limits['read_GBps']:.1f} GB/s, INT8 {limits['int8_GOPs']:.0f} GOP/s, "
-        f"BF16 {limits['bf16_GFLOPs']:.0f} GFLOP/s, F32 {limits['f32_GFLOPs']:.0f} GFLOP/s")
+        f"BF16 {limits['bf16_GFLOPs']:.0f} GFLOP/s, F32 {limits['f32_GFLOPs']:.0f} GFLOP/s, "
+        f"AMX-INT8 {limits['amx_int8_GOPs']:.0f} GOP/s, AMX-BF16 {limits['amx_bf16_GFLOPs']:.0f} GFLOP/s")
     print(f"{'dtype':6} {'run':13} {'decode tok/s':>12} {'e2e out tok/s':>13} {'TPOT ms':>8} {'TTFT ms':>8} "
           f"{'prefill tok/s':>13} {'roof%':>6} {'others':>6}")
     for dtype, per in derived.items():
         for name, d in per.items():
-            roof = d.get("frac_of_roofline", d.get("frac_of_peak"))
+            roof = d.get("frac_of_roofline", d.get("frac_of_peak", d.get("step_frac_of_roofline")))
             print(f"{dtype:6} {name:13} {d.get('decode_tok_s', float('nan')):12.1f} "
                   f"{d.get('output_tok_s_e2e', float('nan')):13.1f} {d.get('tpot_ms', float('nan')):8.1f} "
                   f"{d['ttft_ms']:8.0f} {d.get('prefill_tok_s', float('nan')):13.1f} "
@@ -429,8 +463,11 @@ def targets(derived):
         ratio = w["decode_c1"]["decode_tok_s"] / b["decode_c1"]["decode_tok_s"]
         add("w8a8 batch-1 decode >= 1.7x bf16", round(ratio, 2), ">= 1.7x", ratio >= 1.7)
     if "prefill_2048" in w:
-        add("w8a8 prefill at 2048 >= 50% of INT8 peak", round(100 * w["prefill_2048"]["frac_of_peak"], 1),
-            ">= 50 %", w["prefill_2048"]["frac_of_peak"] >= 0.5)
+        p = w["prefill_2048"]
+        tiles = f" (of the AMX-INT8 peak: {100 * p['frac_of_amx_int8_peak']:.1f} %)" \
+            if p["frac_of_amx_int8_peak"] < p["frac_of_peak"] else ""
+        add("w8a8 prefill at 2048 >= 50% of INT8 peak", round(100 * p["frac_of_peak"], 1), ">= 50 %" + tiles,
+            p["frac_of_peak"] >= 0.5)
     for name, (ref, mult) in LLAMA_CPP.items():
         if name not in w:
             continue
@@ -438,7 +475,8 @@ def targets(derived):
         add(f"{name} vs llama.cpp {ref} tok/s x{mult}", round(v, 1), f">= {ref * mult:.0f} tok/s", v >= ref * mult)
     if "decode_c1" in w and "decode_c32" in w:
         ratio = w["decode_c32"]["decode_tok_s"] / w["decode_c1"]["decode_tok_s"]
-        add("w8a8 aggregate decode at 32 >= 8x batch-1 (issue 5)", round(ratio, 2), ">= 8x", ratio >= 8)
+        add("w8a8 aggregate decode at 32 >= 8x batch-1 (issue 5)", round(ratio, 2),
+            f">= 8x (byte bound {w['decode_c32']['vs_batch1_bound']:.2f}x)", ratio >= 8)
         add("w8a8 TPOT at 32 concurrent < 100 ms (issue 5)", round(w["decode_c32"]["tpot_ms"], 1), "< 100 ms",
             w["decode_c32"]["tpot_ms"] < 100)
     return t

@@ -23,6 +23,10 @@ int main(int argc, char** argv) {
   benchmark::AddCustomContext("int8_peak_GOPs", std::to_string(limits.int8_gops) + " (" + limits.int8_isa + ")");
   benchmark::AddCustomContext("f32_peak_GFLOPs", std::to_string(limits.f32_gflops) + " (" + limits.f32_isa + ")");
   benchmark::AddCustomContext("bf16_peak_GFLOPs", std::to_string(limits.bf16_gflops) + " (" + limits.bf16_isa + ")");
+  benchmark::AddCustomContext("amx_bf16_peak_GFLOPs",
+                              std::to_string(limits.amx_bf16_gflops) + " (" + limits.amx_bf16_isa + ")");
+  benchmark::AddCustomContext("amx_int8_peak_GOPs",
+                              std::to_string(limits.amx_int8_gops) + " (" + limits.amx_int8_isa + ")");
 
   RegisterRooflineBenchmarks();
   RegisterMatmulBenchmarks();

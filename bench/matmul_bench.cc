@@ -133,7 +133,9 @@ void BM_Int8Products(benchmark::State& state, GemmShape shape, Int8Kernel kernel
     benchmark::DoNotOptimize(y.data());
   });
   const double bytes = static_cast<double>(shape.n * shape.k) + m * (shape.k + 4.0 * shape.n);
-  ReportRoofline(state, seconds, bytes, 2.0 * m * shape.n * shape.k, Limits().int8_gops);
+  // Int8Gemv runs VPDPBUSD; oneDNN and Int8GemmAmx run tiles where the CPU has AMX-INT8.
+  ReportRoofline(state, seconds, bytes, 2.0 * m * shape.n * shape.k,
+                 kernel == Int8Kernel::kGemv ? Limits().int8_gops : Limits().amx_int8_gops);
 }
 
 // The lm_head of an I8 run (kernels::MatmulTwoPart): every logit of each row, or, for greedy rows,

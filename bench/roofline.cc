@@ -207,11 +207,13 @@ __attribute__((target("avx512f,avx512bf16"))) double Bf16Avx512(int64_t iters) {
   return 2.0 * 32 * kChains * static_cast<double>(iters);
 }
 
-// Four accumulator tiles, each TDPBF16PS 16 x 16 outputs of 32 products: the AMX loops' shape.
-__attribute__((target("amx-tile,amx-bf16"))) double Bf16Amx(int64_t iters) {
+// Four accumulator tiles of 16 x 16 outputs on every step, the AMX loops' shape: TDPBF16PS (32
+// BF16 products an output) or TDPBSSD (64 INT8 ones, the tiles Int8GemmAmx runs prompts on).
+template <bool kInt8>
+__attribute__((target("amx-tile,amx-bf16,amx-int8"))) double Amx(int64_t iters) {
   static const kernels::cpu::TileConfig config;
-  alignas(64) static bf16 operand[kernels::cpu::kAmxTileValues];
-  alignas(64) static float result[kernels::cpu::kAmxRows * kernels::cpu::kAmxRows];
+  alignas(64) static uint8_t operand[kernels::cpu::kAmxRows * 64];  // 64 bytes a row either way
+  alignas(64) static uint32_t result[kernels::cpu::kAmxRows * kernels::cpu::kAmxRows];
   _tile_loadconfig(&config);
   _tile_loadd(4, operand, 64);
   _tile_loadd(5, operand, 64);
@@ -220,15 +222,23 @@ __attribute__((target("amx-tile,amx-bf16"))) double Bf16Amx(int64_t iters) {
   _tile_zero(2);
   _tile_zero(3);
   for (int64_t i = 0; i < iters; ++i) {
-    _tile_dpbf16ps(0, 4, 5);
-    _tile_dpbf16ps(1, 4, 5);
-    _tile_dpbf16ps(2, 4, 5);
-    _tile_dpbf16ps(3, 4, 5);
+    if constexpr (kInt8) {
+      _tile_dpbssd(0, 4, 5);
+      _tile_dpbssd(1, 4, 5);
+      _tile_dpbssd(2, 4, 5);
+      _tile_dpbssd(3, 4, 5);
+    } else {
+      _tile_dpbf16ps(0, 4, 5);
+      _tile_dpbf16ps(1, 4, 5);
+      _tile_dpbf16ps(2, 4, 5);
+      _tile_dpbf16ps(3, 4, 5);
+    }
   }
   _tile_stored(0, result, 64);
   _tile_release();
   benchmark::DoNotOptimize(result);
-  return 2.0 * 4 * kernels::cpu::kAmxRows * kernels::cpu::kAmxRows * kernels::cpu::kAmxK * static_cast<double>(iters);
+  const int64_t products = kInt8 ? 64 : 32;
+  return 2.0 * 4 * kernels::cpu::kAmxRows * kernels::cpu::kAmxRows * products * static_cast<double>(iters);
 }
 #endif
 
@@ -260,9 +270,18 @@ PeakLoop Bf16Loop() {
 
 PeakLoop AmxBf16Loop() {
 #if defined(__x86_64__)
-  if (kernels::cpu::IsaSupported(kernels::cpu::Isa::kAmx)) return {"amx-bf16 tdpbf16ps", Bf16Amx};
+  if (kernels::cpu::IsaSupported(kernels::cpu::Isa::kAmx)) return {"amx-bf16 tdpbf16ps", Amx<false>};
 #endif
   return Bf16Loop();
+}
+
+PeakLoop AmxInt8Loop() {
+#if defined(__x86_64__)
+  if (kernels::cpu::IsaSupported(kernels::cpu::Isa::kAmx) && GetCpuFeatures().amx_int8) {
+    return {"amx-int8 tdpbssd", Amx<true>};
+  }
+#endif
+  return Int8Loop();
 }
 
 // Operations per second, in G, of `loop` on every thread at once.
@@ -318,6 +337,8 @@ const MachineLimits& Limits() {
     m.amx_bf16_gflops = BestOf(10, [] { return RunPeak(AmxBf16Loop(), kPeakIters); });
     m.bf16_isa = Bf16Loop().isa;
     m.amx_bf16_isa = AmxBf16Loop().isa;
+    m.amx_int8_gops = BestOf(10, [] { return RunPeak(AmxInt8Loop(), kPeakIters); });
+    m.amx_int8_isa = AmxInt8Loop().isa;
     return m;
   }();
   return limits;
@@ -337,6 +358,7 @@ void RegisterRooflineBenchmarks() {
   benchmark::RegisterBenchmark("Roofline/F32Peak", BM_Peak, F32Loop())->UseRealTime()->MinTime(0.1);
   benchmark::RegisterBenchmark("Roofline/Bf16Peak", BM_Peak, Bf16Loop())->UseRealTime()->MinTime(0.1);
   benchmark::RegisterBenchmark("Roofline/AmxBf16Peak", BM_Peak, AmxBf16Loop())->UseRealTime()->MinTime(0.1);
+  benchmark::RegisterBenchmark("Roofline/AmxInt8Peak", BM_Peak, AmxInt8Loop())->UseRealTime()->MinTime(0.1);
 }
 
 }  // namespace moe::bench

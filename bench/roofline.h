@@ -16,7 +16,8 @@ struct MachineLimits {
   double f32_gflops = 0;   // FP32 FMAs x 2
   double bf16_gflops = 0;  // BF16 dot products x 2 (AVX512_BF16), or the FP32 peak without it
   double amx_bf16_gflops = 0;  // BF16 dot products x 2 on AMX tiles, or bf16_gflops without AMX
-  std::string int8_isa, f32_isa, bf16_isa, amx_bf16_isa;
+  double amx_int8_gops = 0;    // INT8 multiply-adds x 2 on AMX tiles, or int8_gops without AMX-INT8
+  std::string int8_isa, f32_isa, bf16_isa, amx_bf16_isa, amx_int8_isa;
 };
 
 // Measured on first use (about a second), then fixed for the run.
