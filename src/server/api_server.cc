@@ -440,7 +440,12 @@ class ApiServer {
       }
       std::optional<StreamEvent> event = std::exchange(g.first_event, std::nullopt);
       if (!event) event = g.stream->Next(kPoll);
-      if (!event) continue;
+      if (!event) {
+        // No token for a poll period (queued, a long prefill, a stalled engine): a client that
+        // left meanwhile gives its slot back now rather than at its next token.
+        if (!sink.is_writable()) return ClientGone(g);
+        continue;
+      }
       auto delta = Advance(g, *event);
       if (const auto* error = std::get_if<ApiError>(&delta)) {
         AbortAll(g);
@@ -449,14 +454,18 @@ class ApiServer {
       }
       const ChunkDelta& d = std::get<ChunkDelta>(delta);
       if (d.text.empty() && d.logprobs.empty() && d.finish_reason.empty() && !d.first) continue;
-      if (!send(StreamChunkJson(g.meta, d))) {
-        AbortAll(g);  // the client is gone: free its cache now
-        return;
-      }
+      if (!send(StreamChunkJson(g.meta, d))) return ClientGone(g);
     }
     if (g.done() && g.meta.include_usage) send(UsageChunkJson(g.meta, g.usage()));
     const std::string done = SseDone();
     sink.write(done.data(), done.size());
+  }
+
+  // Frees the cache of a stream whose client went away, as soon as that is seen. The line comes
+  // after the abort is sent, so that whoever reads it knows the engine has been told.
+  void ClientGone(const Generation& g) {
+    AbortAll(g);
+    spdlog::info("{}: the client disconnected after {} tokens; request aborted", g.meta.id, g.usage().completion_tokens);
   }
 
   const Tokenizer& tokenizer_;
